@@ -1,0 +1,526 @@
+/*-------------------------------------------------------------------------
+ *
+ * claim.c
+ *	  The claim logic: idem_begin, idem_finish and idem_abort.
+ *
+ * A record is the calling role's (operation, key).  It is *live* while
+ * another transaction is inserting it, or while it is pending with an
+ * unexpired lease, or completed within its retention; anything else counts
+ * as absent.  The rules, applied to the newest version of the record under
+ * the key lock (locks.c):
+ *
+ *	absent or expired			claim it: status 'new' with a fresh token
+ *	live, other fingerprint		IK422
+ *	being changed by another	raise: IK409; wait: sleep on that
+ *	transaction					transaction, then look again
+ *	pending, ours				IK409 (a transaction never waits on itself)
+ *	pending, committed			raise: IK409; wait: sleep until finish,
+ *								abort or the lease end, then look again
+ *	completed					'replay' -- or 40001 when a REPEATABLE READ
+ *								snapshot cannot see that result
+ *
+ * The key lock is held only between looking and writing; every sleep
+ * happens without it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "common/hashfn.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "storage/proc.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_begin);
+PG_FUNCTION_INFO_V1(idem_finish);
+PG_FUNCTION_INFO_V1(idem_abort);
+
+typedef enum ClaimStatus
+{
+	CLAIM_NEW,
+	CLAIM_REPLAY
+} ClaimStatus;
+
+/* ---- arguments ---- */
+
+static text *
+required_name(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	text	   *value;
+	int			chars;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("idempotency %s must not be null", what)));
+
+	value = PG_GETARG_TEXT_PP(argno);
+	chars = pg_mbstrlen_with_len(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
+	if (chars == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency %s must not be empty", what)));
+	if (chars > IDEM_MAX_KEY_CHARS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency %s is too long", what),
+				 errdetail("It has %d characters; at most %d are allowed.",
+						   chars, IDEM_MAX_KEY_CHARS)));
+	return value;
+}
+
+/* The calling role's key for (operation, key) from arguments 0 and 1 */
+static void
+key_from_args(FunctionCallInfo fcinfo, IdemKey *key)
+{
+	uint64		h;
+
+	key->role = GetUserId();
+	key->operation = required_name(fcinfo, 0, "operation");
+	key->key = required_name(fcinfo, 1, "key");
+
+	/* unambiguous: a length always precedes the variable parts */
+	h = hash_bytes_uint32_extended(key->role,
+								   VARSIZE_ANY_EXHDR(key->operation));
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key->operation),
+							VARSIZE_ANY_EXHDR(key->operation), h);
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key->key),
+							VARSIZE_ANY_EXHDR(key->key), h);
+	key->hash = h;
+}
+
+static int64
+required_token(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("idempotency token must not be null")));
+	return PG_GETARG_INT64(argno);
+}
+
+/*
+ * An interval as microseconds, months counted as 30 days as interval
+ * comparison does.  Out-of-range values are an invalid argument, not an
+ * overflow deep inside timestamp arithmetic.
+ */
+static int64
+interval_usecs(const Interval *iv, const char *what)
+{
+	int64		usecs;
+	int64		days = (int64) iv->month * DAYS_PER_MONTH + iv->day;
+
+	if (days > IDEM_MAX_INTERVAL / USECS_PER_DAY + 1 ||
+		days < -(IDEM_MAX_INTERVAL / USECS_PER_DAY + 1))
+		usecs = days > 0 ? PG_INT64_MAX : PG_INT64_MIN;
+	else
+		usecs = days * USECS_PER_DAY + iv->time;
+
+	if (usecs > IDEM_MAX_INTERVAL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency %s is too long", what),
+				 errdetail("At most 100 years is allowed.")));
+	return usecs;
+}
+
+static IdemInFlightPolicy
+policy_from_arg(FunctionCallInfo fcinfo, int argno)
+{
+	char	   *name;
+
+	if (PG_ARGISNULL(argno))
+		return (IdemInFlightPolicy) idem_in_flight;
+
+	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	if (strcmp(name, "wait") == 0)
+		return IDEM_IN_FLIGHT_WAIT;
+	if (strcmp(name, "raise") == 0)
+		return IDEM_IN_FLIGHT_RAISE;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("unknown in_flight policy \"%s\"", name),
+			 errhint("Use 'wait' or 'raise'.")));
+	pg_unreachable();
+}
+
+/* ---- errors ---- */
+
+static char *
+fingerprint_text(const bytea *fp)
+{
+	if (fp == NULL)
+		return "NULL";
+	return DatumGetCString(DirectFunctionCall1(byteaout, PointerGetDatum(fp)));
+}
+
+static bool
+fingerprints_equal(const bytea *a, const bytea *b)
+{
+	if (a == NULL || b == NULL)
+		return a == b;
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
+static void
+check_fingerprint(const IdemKey *key, const IdemRecord *rec, const bytea *fp)
+{
+	if (fingerprints_equal(rec->fingerprint, fp))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEMPOTENCY_KEY_REUSED),
+			 errmsg("idempotency key \"%s\" was already used for a different request",
+					text_to_cstring(key->key)),
+			 errdetail("Stored fingerprint: %s. Request fingerprint: %s.",
+					   fingerprint_text(rec->fingerprint),
+					   fingerprint_text(fp)),
+			 errhint("Use a new key for a new request.")));
+}
+
+static void
+raise_in_progress(const IdemKey *key, bool ours)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEMPOTENCY_IN_PROGRESS),
+			 errmsg("request with idempotency key \"%s\" is already in progress",
+					text_to_cstring(key->key)),
+			 ours ?
+			 errdetail("This transaction already holds the key for operation \"%s\".",
+					   text_to_cstring(key->operation)) :
+			 errdetail("Another attempt holds the key for operation \"%s\".",
+					   text_to_cstring(key->operation)),
+			 ours ? 0 : errhint("Retry after the other attempt has finished.")));
+}
+
+static void
+raise_stale_token(const IdemKey *key, int64 token)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEMPOTENCY_STALE_TOKEN),
+			 errmsg("token " INT64_FORMAT " does not hold idempotency key \"%s\"",
+					token, text_to_cstring(key->key)),
+			 errdetail("The claim was finished or aborted, or its lease lapsed and another attempt took the key over.")));
+}
+
+/* ---- idem_begin ---- */
+
+/*
+ * Live: another transaction is inserting it, or it is pending in ours, or
+ * it is within its lease / retention.  Anything else counts as absent.
+ */
+static bool
+record_is_live(const IdemRecord *rec, TimestampTz now)
+{
+	if (IdemRecordIsPending(rec) && (rec->mine || rec->uncommitted))
+		return true;
+	return rec->expires_at > now;
+}
+
+static ClaimStatus
+claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
+			IdemInFlightPolicy policy, int64 lease, const Interval *ttl,
+			IdemRecord *rec)
+{
+	TimestampTz lock_deadline = 0;
+
+	for (;;)
+	{
+		IdemRecord	claim;
+		TimestampTz now;
+		bool		found;
+
+		/* reset before looking, so that a wake-up after the look counts */
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+
+		idem_lock_key(key);
+		found = idem_store_fetch(store, key, rec);
+		now = GetCurrentTimestamp();
+
+		if (found && record_is_live(rec, now))
+		{
+			check_fingerprint(key, rec, fingerprint);
+
+			if (TransactionIdIsValid(rec->busy_xid))
+			{
+				/* another transaction is claiming, finishing or aborting it */
+				if (policy == IDEM_IN_FLIGHT_RAISE)
+					raise_in_progress(key, false);
+				idem_unlock_key(key);
+				idem_wait_for_xact(rec->busy_xid);
+				continue;
+			}
+
+			if (!IdemRecordIsPending(rec))
+			{
+				if (!rec->in_snapshot)
+					ereport(ERROR,
+							(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+							 errmsg("could not serialize access due to a concurrent request with idempotency key \"%s\"",
+									text_to_cstring(key->key)),
+							 errdetail("Its result was committed after this transaction's snapshot was taken."),
+							 errhint("Retry the transaction: the retry will replay the result.")));
+				idem_unlock_key(key);
+				return CLAIM_REPLAY;
+			}
+
+			/* pending: held by us, or by a committed claim with a live lease */
+			if (rec->mine)
+				raise_in_progress(key, true);
+			if (policy == IDEM_IN_FLIGHT_RAISE)
+				raise_in_progress(key, false);
+			if (lock_deadline == 0 && LockTimeout > 0)
+				lock_deadline = TimestampTzPlusMilliseconds(now, LockTimeout);
+			idem_wait_for_wakeup(key, rec->expires_at, lock_deadline);
+			continue;
+		}
+
+		if (found && TransactionIdIsValid(rec->busy_xid))
+		{
+			/* an expired record that is being purged or taken over */
+			idem_unlock_key(key);
+			idem_wait_for_xact(rec->busy_xid);
+			continue;
+		}
+
+		/* absent or expired: claim it */
+		claim.token = idem_store_next_token(store);
+		claim.fingerprint = fingerprint;
+		claim.ttl = *ttl;
+		claim.created_at = now;
+		claim.completed_at = 0;
+		claim.expires_at = now + lease;
+		claim.response = NULL;
+
+		if (!found)
+			idem_store_insert(store, key, &claim);
+		else
+		{
+			claim.tid = rec->tid;
+			if (idem_store_update(store, key, &claim) != TM_Ok)
+			{
+				/* changed under us after all (by a purge): look again */
+				idem_unlock_key(key);
+				continue;
+			}
+		}
+		idem_unlock_key(key);
+		*rec = claim;
+		return CLAIM_NEW;
+	}
+}
+
+Datum
+idem_begin(PG_FUNCTION_ARGS)
+{
+	IdemKey		key;
+	bytea	   *fingerprint;
+	IdemInFlightPolicy policy;
+	int64		lease;
+	Interval	ttl;
+	int64		ttl_usecs;
+	IdemStore	store;
+	IdemRecord	rec;
+	ClaimStatus status;
+	TupleDesc	tupdesc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	key_from_args(fcinfo, &key);
+	fingerprint = PG_ARGISNULL(2) ? NULL : PG_GETARG_BYTEA_PP(2);
+	policy = policy_from_arg(fcinfo, 3);
+
+	if (PG_ARGISNULL(4))
+		lease = (int64) idem_lease_ms * 1000;
+	else
+		lease = interval_usecs(PG_GETARG_INTERVAL_P(4), "lease");
+
+	if (PG_ARGISNULL(5))
+	{
+		memset(&ttl, 0, sizeof(ttl));
+		ttl.time = (int64) idem_ttl_s * USECS_PER_SEC;
+	}
+	else
+		ttl = *PG_GETARG_INTERVAL_P(5);
+	ttl_usecs = interval_usecs(&ttl, "ttl");
+
+	if (lease <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency lease must be positive")));
+	if (ttl_usecs < IDEM_MIN_TTL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency ttl must be at least 1 minute")));
+	if (lease > ttl_usecs)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency lease must not be longer than its ttl")));
+
+	PreventCommandIfReadOnly("idem_begin()");
+
+	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	status = claim_begin(&store, &key, fingerprint, policy, lease, &ttl, &rec);
+	idem_store_close(&store);
+
+	/* the result type's descriptor, blessed once per call site */
+	tupdesc = (TupleDesc) fcinfo->flinfo->fn_extra;
+	if (tupdesc == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+
+		if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+			elog(ERROR, "idem_begin: return type must be a row type");
+		tupdesc = BlessTupleDesc(CreateTupleDescCopy(tupdesc));
+		fcinfo->flinfo->fn_extra = tupdesc;
+		MemoryContextSwitchTo(oldcxt);
+	}
+
+	if (status == CLAIM_NEW)
+	{
+		values[0] = CStringGetTextDatum("new");
+		values[1] = Int64GetDatum(rec.token);
+		nulls[2] = true;
+	}
+	else
+	{
+		values[0] = CStringGetTextDatum("replay");
+		nulls[1] = true;
+		values[2] = JsonbPGetDatum(rec.response);
+	}
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/* ---- idem_finish and idem_abort ---- */
+
+/*
+ * Find the pending record that token holds and apply the finish or abort
+ * to it.  Returns false when the token does not hold the key.
+ *
+ * A claim made in this very transaction cannot be touched by anyone else
+ * until we commit, and nobody sleeps on it but on our transaction lock: it
+ * needs neither the key lock nor a wake-up.  A committed claim may have
+ * waiters; the key lock orders us with them and they are woken.
+ */
+static bool
+settle_claim(IdemStore *store, const IdemKey *key, int64 token,
+			 Jsonb *response)
+{
+	bool		locked = false;
+
+	for (;;)
+	{
+		IdemRecord	rec;
+		TM_Result	result;
+
+		if (!idem_store_fetch(store, key, &rec))
+			break;
+		if (TransactionIdIsValid(rec.busy_xid))
+		{
+			if (locked)
+				idem_unlock_key(key);
+			locked = false;
+			idem_wait_for_xact(rec.busy_xid);
+			continue;
+		}
+		if (rec.token != token || !IdemRecordIsPending(&rec))
+			break;
+		if (!rec.mine && !locked)
+		{
+			idem_lock_key(key);
+			locked = true;
+			continue;			/* look again, now in order with waiters */
+		}
+
+		if (response != NULL)
+		{
+			TimestampTz now = GetCurrentTimestamp();
+
+			rec.completed_at = now;
+			rec.expires_at = now + interval_usecs(&rec.ttl, "ttl");
+			rec.response = response;
+			result = idem_store_update(store, key, &rec);
+		}
+		else
+			result = idem_store_delete(store, &rec);
+
+		if (result != TM_Ok)
+			continue;			/* changed under us (purged): look again */
+
+		if (locked)
+		{
+			idem_wake_waiters(key);
+			idem_unlock_key(key);
+		}
+		return true;
+	}
+
+	if (locked)
+		idem_unlock_key(key);
+	return false;
+}
+
+Datum
+idem_finish(PG_FUNCTION_ARGS)
+{
+	IdemKey		key;
+	int64		token;
+	Jsonb	   *response;
+	IdemStore	store;
+	bool		settled;
+
+	key_from_args(fcinfo, &key);
+	token = required_token(fcinfo, 2);
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("idempotency response must not be null"),
+				 errhint("Use idem_abort to release a claim without a result.")));
+	response = PG_GETARG_JSONB_P(3);
+	if (VARSIZE(response) > (Size) idem_max_response_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("idempotency response is too large"),
+				 errdetail("The response takes %zu bytes; idempotency.max_response_size is %d bytes.",
+						   (Size) VARSIZE(response), idem_max_response_size),
+				 errhint("Store the response elsewhere and finish with a reference to it.")));
+
+	PreventCommandIfReadOnly("idem_finish()");
+
+	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	settled = settle_claim(&store, &key, token, response);
+	idem_store_close(&store);
+
+	if (!settled)
+		raise_stale_token(&key, token);
+	PG_RETURN_VOID();
+}
+
+Datum
+idem_abort(PG_FUNCTION_ARGS)
+{
+	IdemKey		key;
+	int64		token;
+	IdemStore	store;
+	bool		settled;
+
+	key_from_args(fcinfo, &key);
+	token = required_token(fcinfo, 2);
+
+	PreventCommandIfReadOnly("idem_abort()");
+
+	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	settled = settle_claim(&store, &key, token, NULL);
+	idem_store_close(&store);
+
+	PG_RETURN_BOOL(settled);
+}

@@ -1,0 +1,85 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.c
+ *	  Module entry point and the idempotency.* settings.
+ *
+ * Every setting is a default for an argument of idem_begin / idem_finish;
+ * an explicit argument always wins.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+#include "idempotency.h"
+
+PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+int			idem_in_flight = IDEM_IN_FLIGHT_WAIT;
+int			idem_lease_ms = 30 * 1000;
+int			idem_ttl_s = 24 * 60 * 60;
+int			idem_max_response_size = 64 * 1024;
+
+static const struct config_enum_entry in_flight_options[] = {
+	{"wait", IDEM_IN_FLIGHT_WAIT, false},
+	{"raise", IDEM_IN_FLIGHT_RAISE, false},
+	{NULL, 0, false}
+};
+
+void
+_PG_init(void)
+{
+	DefineCustomEnumVariable("idempotency.in_flight",
+							 "What idem_begin does when another attempt holds the key.",
+							 "wait: block until that attempt finishes, aborts or loses its lease; "
+							 "raise: fail at once with SQLSTATE IK409.",
+							 &idem_in_flight,
+							 IDEM_IN_FLIGHT_WAIT,
+							 in_flight_options,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.lease",
+							"Default lease of a claim.",
+							"A pending claim whose lease has lapsed counts as absent: "
+							"the next request takes the key over.",
+							&idem_lease_ms,
+							30 * 1000,
+							1,
+							INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.ttl",
+							"Default retention of a completed record.",
+							"At least one minute.",
+							&idem_ttl_s,
+							24 * 60 * 60,
+							60,
+							INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_response_size",
+							"Largest response idem_finish stores.",
+							"Larger responses are refused; store a reference to them instead.",
+							&idem_max_response_size,
+							64 * 1024,
+							1,
+							MaxAllocSize / 2,
+							PGC_SUSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("idempotency");
+
+	idem_store_init();
+}

@@ -1,0 +1,115 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.h
+ *	  Shared declarations of the idempotency extension.
+ *
+ * The extension is split by concern:
+ *	  idempotency.c  module entry point and settings (idempotency.*)
+ *	  claim.c        the claim logic: idem_begin / idem_finish / idem_abort
+ *	  storage.c      direct access to the record table, its index and the
+ *	                 token sequence
+ *	  locks.c        the per-key lock, waiting for a claim and waking waiters
+ *	  fingerprint.c  idem_fingerprint()
+ *	  admin.c        idem_purge() and idem_set_logged()
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEMPOTENCY_H
+#define IDEMPOTENCY_H
+
+#include "postgres.h"
+
+#include "access/tableam.h"
+#include "datatype/timestamp.h"
+#include "utils/jsonb.h"
+#include "utils/relcache.h"
+
+/* SQLSTATEs of contract 1.0 (the standard ones come from errcodes.h) */
+#define ERRCODE_IDEMPOTENCY_IN_PROGRESS		MAKE_SQLSTATE('I','K','4','0','9')
+#define ERRCODE_IDEMPOTENCY_KEY_REUSED		MAKE_SQLSTATE('I','K','4','2','2')
+#define ERRCODE_IDEMPOTENCY_STALE_TOKEN		MAKE_SQLSTATE('I','K','4','1','2')
+
+/* Longest operation or key, in characters */
+#define IDEM_MAX_KEY_CHARS		255
+/* Shortest retention a record may be given */
+#define IDEM_MIN_TTL			(60 * USECS_PER_SEC)
+/* Longest lease or retention accepted, to keep timestamps in range */
+#define IDEM_MAX_INTERVAL		(INT64CONST(100) * 365 * USECS_PER_DAY)
+
+/* ---- settings (idempotency.c) ---- */
+
+typedef enum IdemInFlightPolicy
+{
+	IDEM_IN_FLIGHT_WAIT,
+	IDEM_IN_FLIGHT_RAISE
+} IdemInFlightPolicy;
+
+extern int	idem_in_flight;			/* IdemInFlightPolicy */
+extern int	idem_lease_ms;
+extern int	idem_ttl_s;
+extern int	idem_max_response_size;
+
+/* ---- storage (storage.c) ---- */
+
+/* Identifies one record: the calling role's key for one operation */
+typedef struct IdemKey
+{
+	Oid			role;
+	text	   *operation;
+	text	   *key;
+	uint64		hash;			/* of all three; names the key's locks */
+} IdemKey;
+
+/* The record table and its primary key index, open for one call */
+typedef struct IdemStore
+{
+	Relation	heap;
+	Relation	index;
+	struct IndexInfo *index_info;
+	Oid			token_seq;
+} IdemStore;
+
+/* One record's columns, plus what the fetch learned about its version */
+typedef struct IdemRecord
+{
+	int64		token;
+	bytea	   *fingerprint;	/* NULL when the claim gave none */
+	Interval	ttl;
+	TimestampTz created_at;
+	TimestampTz completed_at;	/* 0 while pending */
+	TimestampTz expires_at;		/* pending: lease end; completed: retention end */
+	Jsonb	   *response;		/* NULL while pending */
+
+	/* filled in by idem_store_fetch */
+	ItemPointerData tid;
+	TransactionId busy_xid;		/* another transaction inserting/changing it */
+	bool		uncommitted;	/* ... and it is inserting this version */
+	bool		mine;			/* this version was written by our transaction */
+	bool		in_snapshot;	/* visible to the transaction snapshot */
+} IdemRecord;
+
+#define IdemRecordIsPending(rec)	((rec)->response == NULL)
+
+extern void idem_store_open(IdemStore *store, Oid fn_oid);
+extern void idem_store_close(IdemStore *store);
+extern bool idem_store_fetch(IdemStore *store, const IdemKey *key,
+							 IdemRecord *rec);
+extern int64 idem_store_next_token(IdemStore *store);
+extern void idem_store_insert(IdemStore *store, const IdemKey *key,
+							  const IdemRecord *rec);
+extern TM_Result idem_store_update(IdemStore *store, const IdemKey *key,
+								   const IdemRecord *rec);
+extern TM_Result idem_store_delete(IdemStore *store, const IdemRecord *rec);
+extern Oid	idem_store_relid(Oid fn_oid);
+extern void idem_store_init(void);
+
+/* ---- locks and waiting (locks.c) ---- */
+
+extern void idem_lock_key(const IdemKey *key);
+extern void idem_unlock_key(const IdemKey *key);
+extern void idem_wait_for_xact(TransactionId xid);
+extern void idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
+								 TimestampTz lock_deadline);
+extern void idem_wake_waiters(const IdemKey *key);
+
+#endif							/* IDEMPOTENCY_H */

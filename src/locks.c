@@ -1,0 +1,147 @@
+/*-------------------------------------------------------------------------
+ *
+ * locks.c
+ *	  The per-key lock, waiting for another attempt, and waking waiters.
+ *
+ * Three kinds of waiting, all of them sleeping, none of them polling:
+ *
+ *	Key lock		An exclusive advisory lock on the key, held only while a
+ *					call looks the record up and writes it -- never until
+ *					commit, and never while sleeping -- so one transaction
+ *					can claim any number of keys without filling the lock
+ *					table.  It orders concurrent calls on one key.
+ *
+ *	Transaction		A record that another transaction is inserting or
+ *					changing is waited for on that transaction's own lock
+ *					(XactLockTableWait): the waiter wakes the moment it
+ *					commits or rolls back, and the deadlock detector sees
+ *					the wait.
+ *
+ *	Committed claim	A claim committed before an external call is held by no
+ *					transaction.  A waiter holds a share lock on the key's
+ *					"waiter" tag and sleeps on its latch until the claim's
+ *					lease ends; idem_finish / idem_abort find the holders of
+ *					that tag in the lock table and set their latches.
+ *
+ * Both tags live in lock classes of our own (pg_locks.objsubid), so they
+ * can never collide with an application's pg_advisory_lock() keys: core
+ * uses 1 and 2, Citus 4 to 15.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/latch.h"
+#include "storage/lmgr.h"
+#include "storage/lock.h"
+#include "storage/proc.h"
+#include "storage/sinvaladt.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+
+/* Advisory lock classes owned by this extension ('I','K' + 0 / 1) */
+#define IDEM_LOCK_CLASS_KEY		0x494B
+#define IDEM_LOCK_CLASS_WAITER	0x494C
+
+static void
+key_locktag(LOCKTAG *tag, const IdemKey *key, uint16 lock_class)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId,
+						 (uint32) (key->hash >> 32), (uint32) key->hash,
+						 lock_class);
+}
+
+/* Honours lock_timeout, statement_timeout and cancel like any lock wait */
+void
+idem_lock_key(const IdemKey *key)
+{
+	LOCKTAG		tag;
+
+	key_locktag(&tag, key, IDEM_LOCK_CLASS_KEY);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+void
+idem_unlock_key(const IdemKey *key)
+{
+	LOCKTAG		tag;
+
+	key_locktag(&tag, key, IDEM_LOCK_CLASS_KEY);
+	LockRelease(&tag, ExclusiveLock, false);
+}
+
+/* Sleep until transaction xid (and all of its subtransactions) ends */
+void
+idem_wait_for_xact(TransactionId xid)
+{
+	XactLockTableWait(xid, NULL, NULL, XLTW_None);
+}
+
+/*
+ * Sleep until a finish or abort of the key wakes us, or until "until" (the
+ * lease end), whichever comes first.  Called with the key lock held; it is
+ * released here, after registering as a waiter, so a finish that takes the
+ * key lock next is sure to see us.  The caller has reset its latch before
+ * looking at the record, so a wake-up between the look and the sleep is
+ * not lost.
+ *
+ * lock_deadline (0: none) is when lock_timeout expires for this call.
+ */
+void
+idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
+					 TimestampTz lock_deadline)
+{
+	LOCKTAG		tag;
+	TimestampTz now = GetCurrentTimestamp();
+	long		timeout_ms;
+
+	if (lock_deadline != 0 && lock_deadline <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("canceling statement due to lock timeout"),
+				 errdetail("Another attempt holds the idempotency key.")));
+	if (lock_deadline != 0 && lock_deadline < until)
+		until = lock_deadline;
+
+	/* round up: waking a little early would just sleep again */
+	timeout_ms = (long) ((until - now + 999) / 1000);
+	if (timeout_ms < 1)
+		timeout_ms = 1;
+
+	key_locktag(&tag, key, IDEM_LOCK_CLASS_WAITER);
+	(void) LockAcquire(&tag, AccessShareLock, false, false);
+	idem_unlock_key(key);
+
+	(void) WaitLatch(MyLatch,
+					 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 timeout_ms,
+					 PG_WAIT_EXTENSION);
+
+	LockRelease(&tag, AccessShareLock, false);
+	CHECK_FOR_INTERRUPTS();
+}
+
+/*
+ * Wake every backend sleeping in idem_wait_for_wakeup on this key.  They
+ * look again: a spurious wake-up costs one look-up, a missed one a whole
+ * lease, so the caller holds the key lock, which no sleeper holds.
+ */
+void
+idem_wake_waiters(const IdemKey *key)
+{
+	LOCKTAG		tag;
+	VirtualTransactionId *vxid;
+
+	key_locktag(&tag, key, IDEM_LOCK_CLASS_WAITER);
+	for (vxid = GetLockConflicts(&tag, AccessExclusiveLock, NULL);
+		 VirtualTransactionIdIsValid(*vxid); vxid++)
+	{
+		PGPROC	   *proc = BackendIdGetProc(vxid->backendId);
+
+		if (proc != NULL)
+			SetLatch(&proc->procLatch);
+	}
+}

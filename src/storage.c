@@ -1,0 +1,315 @@
+/*-------------------------------------------------------------------------
+ *
+ * storage.c
+ *	  Direct access to the record table, its primary key and the token
+ *	  sequence.
+ *
+ * The core functions read and write idem_record with the heap and index
+ * access methods, not SQL: no parsing or planning per call, no privilege
+ * checks on a table PUBLIC cannot touch, and -- what SQL cannot give --
+ * a look at the newest version of a record through a dirty snapshot,
+ * which tells whether another transaction is inserting or changing it
+ * right now and which transaction to wait for.
+ *
+ * This file knows the table's shape; claim.c decides what to do with a
+ * record.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/index.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_collation_d.h"
+#include "commands/sequence.h"
+#include "executor/tuptable.h"
+#include "nodes/execnodes.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "idempotency.h"
+
+/* Column numbers of idem_record; see the install script */
+#define Anum_role_id		1
+#define Anum_operation		2
+#define Anum_key			3
+#define Anum_token			4
+#define Anum_fingerprint	5
+#define Anum_ttl			6
+#define Anum_created_at		7
+#define Anum_completed_at	8
+#define Anum_expires_at		9
+#define Anum_response		10
+#define Natts_record		10
+
+/*
+ * OIDs of the extension's objects, looked up once per backend.  A relcache
+ * invalidation of the table (DROP EXTENSION, for one) forgets them.
+ */
+static Oid	record_relid = InvalidOid;
+static Oid	record_indexid = InvalidOid;
+static Oid	token_seqid = InvalidOid;
+
+static void
+forget_relids(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == record_relid ||
+		relid == record_indexid || relid == token_seqid)
+		record_relid = record_indexid = token_seqid = InvalidOid;
+}
+
+void
+idem_store_init(void)
+{
+	CacheRegisterRelcacheCallback(forget_relids, (Datum) 0);
+}
+
+/*
+ * Find the extension's objects in the schema of the calling function: the
+ * extension is not relocatable, so they always live side by side.
+ */
+static void
+lookup_relids(Oid fn_oid)
+{
+	Oid			nsp = get_func_namespace(fn_oid);
+	Oid			relid,
+				indexid,
+				seqid;
+
+	relid = get_relname_relid("idem_record", nsp);
+	indexid = get_relname_relid("idem_record_pkey", nsp);
+	seqid = get_relname_relid("idem_token_seq", nsp);
+	if (!OidIsValid(relid) || !OidIsValid(indexid) || !OidIsValid(seqid))
+		elog(ERROR, "idempotency: record table not found in schema \"%s\"",
+			 get_namespace_name(nsp));
+
+	token_seqid = seqid;
+	record_indexid = indexid;
+	record_relid = relid;
+}
+
+Oid
+idem_store_relid(Oid fn_oid)
+{
+	if (!OidIsValid(record_relid))
+		lookup_relids(fn_oid);
+	return record_relid;
+}
+
+void
+idem_store_open(IdemStore *store, Oid fn_oid)
+{
+	if (!OidIsValid(record_relid))
+		lookup_relids(fn_oid);
+
+	store->heap = table_open(record_relid, RowExclusiveLock);
+	store->index = index_open(record_indexid, RowExclusiveLock);
+	store->index_info = NULL;
+	store->token_seq = token_seqid;
+}
+
+void
+idem_store_close(IdemStore *store)
+{
+	index_close(store->index, NoLock);
+	table_close(store->heap, NoLock);
+}
+
+/*
+ * Look a key up.  Returns false when no record exists (or only versions
+ * that are dead to everyone).  Otherwise fills *rec with the newest version
+ * and with who is working on it:
+ *
+ *	busy_xid	another transaction that inserted this version and has not
+ *				finished, or is deleting or updating it right now; the
+ *				caller must wait for it before trusting the record
+ *	uncommitted	busy_xid is the transaction that inserted this version
+ *	mine		this version was written by our own transaction
+ *	in_snapshot	the version is visible to our transaction snapshot (only
+ *				computed under REPEATABLE READ and SERIALIZABLE)
+ */
+bool
+idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
+{
+	SnapshotData dirty;
+	ScanKeyData skey[3];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	bool		found = false;
+
+	InitDirtySnapshot(dirty);
+
+	ScanKeyInit(&skey[0], Anum_role_id, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(key->role));
+	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   C_COLLATION_OID, F_TEXTEQ,
+						   PointerGetDatum(key->operation));
+	ScanKeyEntryInitialize(&skey[2], 0, 3, BTEqualStrategyNumber, InvalidOid,
+						   C_COLLATION_OID, F_TEXTEQ,
+						   PointerGetDatum(key->key));
+
+	slot = table_slot_create(store->heap, NULL);
+	scan = index_beginscan(store->heap, store->index, &dirty, 3, 0);
+	index_rescan(scan, skey, 3, NULL, 0);
+
+	/*
+	 * At most one version of a key is live at a time (all writers hold the
+	 * key lock), so the first tuple the dirty snapshot accepts is the one.
+	 */
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		HeapTuple	tuple;
+		TransactionId xmin;
+		bool		isnull;
+		Datum		d;
+
+		found = true;
+		tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
+		xmin = HeapTupleHeaderGetXmin(tuple->t_data);
+
+		rec->tid = slot->tts_tid;
+		rec->uncommitted = TransactionIdIsValid(dirty.xmin);
+		rec->busy_xid = rec->uncommitted ? dirty.xmin : dirty.xmax;
+		rec->mine = TransactionIdIsCurrentTransactionId(xmin);
+		rec->in_snapshot = !IsolationUsesXactSnapshot() || rec->mine ||
+			table_tuple_satisfies_snapshot(store->heap, slot, GetActiveSnapshot());
+
+		rec->token = DatumGetInt64(slot_getattr(slot, Anum_token, &isnull));
+		d = slot_getattr(slot, Anum_fingerprint, &isnull);
+		rec->fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
+		rec->ttl = *DatumGetIntervalP(slot_getattr(slot, Anum_ttl, &isnull));
+		rec->created_at = DatumGetTimestampTz(slot_getattr(slot, Anum_created_at, &isnull));
+		d = slot_getattr(slot, Anum_completed_at, &isnull);
+		rec->completed_at = isnull ? 0 : DatumGetTimestampTz(d);
+		rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_expires_at, &isnull));
+		d = slot_getattr(slot, Anum_response, &isnull);
+		rec->response = isnull ? NULL : DatumGetJsonbPCopy(d);
+	}
+
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+
+	return found;
+}
+
+/* A fencing token: greater than every token handed out before it */
+int64
+idem_store_next_token(IdemStore *store)
+{
+	return nextval_internal(store->token_seq, false);
+}
+
+static HeapTuple
+form_record(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
+{
+	Datum		values[Natts_record];
+	bool		nulls[Natts_record];
+
+	memset(nulls, false, sizeof(nulls));
+	values[Anum_role_id - 1] = ObjectIdGetDatum(key->role);
+	values[Anum_operation - 1] = PointerGetDatum(key->operation);
+	values[Anum_key - 1] = PointerGetDatum(key->key);
+	values[Anum_token - 1] = Int64GetDatum(rec->token);
+	values[Anum_fingerprint - 1] = PointerGetDatum(rec->fingerprint);
+	nulls[Anum_fingerprint - 1] = (rec->fingerprint == NULL);
+	values[Anum_ttl - 1] = IntervalPGetDatum(&rec->ttl);
+	values[Anum_created_at - 1] = TimestampTzGetDatum(rec->created_at);
+	values[Anum_completed_at - 1] = TimestampTzGetDatum(rec->completed_at);
+	nulls[Anum_completed_at - 1] = (rec->response == NULL);
+	values[Anum_expires_at - 1] = TimestampTzGetDatum(rec->expires_at);
+	values[Anum_response - 1] = JsonbPGetDatum(rec->response);
+	nulls[Anum_response - 1] = (rec->response == NULL);
+
+	return heap_form_tuple(RelationGetDescr(store->heap), values, nulls);
+}
+
+static void
+insert_index_entry(IdemStore *store, const IdemKey *key, HeapTuple tuple)
+{
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	if (store->index_info == NULL)
+		store->index_info = BuildIndexInfo(store->index);
+
+	values[0] = ObjectIdGetDatum(key->role);
+	values[1] = PointerGetDatum(key->operation);
+	values[2] = PointerGetDatum(key->key);
+
+	/*
+	 * The key lock already keeps two live versions of a key from existing;
+	 * the unique check is a second line of defence that costs one probe of a
+	 * page we just read.
+	 */
+	index_insert(store->index, values, nulls, &tuple->t_self, store->heap,
+				 UNIQUE_CHECK_YES, false, store->index_info);
+}
+
+/*
+ * Each write is followed by CommandCounterIncrement so that a later call
+ * in the same statement -- idem_finish on a claim idem_begin made in the
+ * same SELECT -- sees and may update it.
+ */
+void
+idem_store_insert(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
+{
+	HeapTuple	tuple = form_record(store, key, rec);
+
+	heap_insert(store->heap, tuple, GetCurrentCommandId(true), 0, NULL);
+	insert_index_entry(store, key, tuple);
+	heap_freetuple(tuple);
+	CommandCounterIncrement();
+}
+
+/*
+ * Replace the version rec->tid with rec's values.  A concurrent writer
+ * (idem_purge, say) is waited for; if it changed or deleted the version
+ * the result says so and nothing is written.
+ */
+TM_Result
+idem_store_update(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
+{
+	HeapTuple	tuple = form_record(store, key, rec);
+	ItemPointerData otid = rec->tid;
+	TM_FailureData tmfd;
+	LockTupleMode lockmode;
+	TM_Result	result;
+
+	result = heap_update(store->heap, &otid, tuple, GetCurrentCommandId(true),
+						 InvalidSnapshot, true, &tmfd, &lockmode);
+	if (result == TM_Ok)
+	{
+		if (!HeapTupleIsHeapOnly(tuple))
+			insert_index_entry(store, key, tuple);
+		CommandCounterIncrement();
+	}
+	else if (result == TM_Invisible || result == TM_SelfModified)
+		elog(ERROR, "idempotency: record version not updatable (%d)", result);
+	heap_freetuple(tuple);
+	return result;
+}
+
+TM_Result
+idem_store_delete(IdemStore *store, const IdemRecord *rec)
+{
+	ItemPointerData tid = rec->tid;
+	TM_FailureData tmfd;
+	TM_Result	result;
+
+	result = heap_delete(store->heap, &tid, GetCurrentCommandId(true),
+						 InvalidSnapshot, true, &tmfd, false);
+	if (result == TM_Ok)
+		CommandCounterIncrement();
+	else if (result == TM_Invisible || result == TM_SelfModified)
+		elog(ERROR, "idempotency: record version not deletable (%d)", result);
+	return result;
+}
