@@ -40,6 +40,7 @@ COMMENT ON TABLE @extschema@.idem_record IS
  */
 CREATE SEQUENCE @extschema@.idem_token_seq AS pg_catalog.int8 NO CYCLE;
 REVOKE ALL ON SEQUENCE @extschema@.idem_token_seq FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_token_seq', '');
 
 CREATE TYPE @extschema@.idem_claim AS (
 	status		pg_catalog.text,

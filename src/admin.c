@@ -73,6 +73,7 @@ idem_purge(PG_FUNCTION_ARGS)
 	deleted = SPI_processed;
 	SPI_finish();
 
+	idem_count(IDEM_COUNT_PURGED, (int64) deleted);
 	PG_RETURN_INT64((int64) deleted);
 }
 

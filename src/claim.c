@@ -29,6 +29,7 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "common/hashfn.h"
+#include "common/int.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
@@ -42,6 +43,7 @@
 PG_FUNCTION_INFO_V1(idem_begin);
 PG_FUNCTION_INFO_V1(idem_finish);
 PG_FUNCTION_INFO_V1(idem_abort);
+PG_FUNCTION_INFO_V1(idem_renew);
 
 typedef enum ClaimStatus
 {
@@ -78,8 +80,8 @@ required_name(FunctionCallInfo fcinfo, int argno, const char *what)
 }
 
 /* The calling role's key for (operation, key) from arguments 0 and 1 */
-static void
-key_from_args(FunctionCallInfo fcinfo, IdemKey *key)
+void
+idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key)
 {
 	uint64		h;
 
@@ -118,11 +120,9 @@ interval_usecs(const Interval *iv, const char *what)
 	int64		usecs;
 	int64		days = (int64) iv->month * DAYS_PER_MONTH + iv->day;
 
-	if (days > IDEM_MAX_INTERVAL / USECS_PER_DAY + 1 ||
-		days < -(IDEM_MAX_INTERVAL / USECS_PER_DAY + 1))
-		usecs = days > 0 ? PG_INT64_MAX : PG_INT64_MIN;
-	else
-		usecs = days * USECS_PER_DAY + iv->time;
+	if (pg_mul_s64_overflow(days, USECS_PER_DAY, &usecs) ||
+		pg_add_s64_overflow(usecs, iv->time, &usecs))
+		usecs = (days > 0 || (days == 0 && iv->time > 0)) ? PG_INT64_MAX : PG_INT64_MIN;
 
 	if (usecs > IDEM_MAX_INTERVAL)
 		ereport(ERROR,
@@ -176,6 +176,7 @@ check_fingerprint(const IdemKey *key, const IdemRecord *rec, const bytea *fp)
 {
 	if (fingerprints_equal(rec->fingerprint, fp))
 		return;
+	idem_count(IDEM_COUNT_KEY_REUSE, 1);
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEMPOTENCY_KEY_REUSED),
 			 errmsg("idempotency key \"%s\" was already used for a different request",
@@ -189,6 +190,7 @@ check_fingerprint(const IdemKey *key, const IdemRecord *rec, const bytea *fp)
 static void
 raise_in_progress(const IdemKey *key, bool ours)
 {
+	idem_count(IDEM_COUNT_IN_PROGRESS, 1);
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEMPOTENCY_IN_PROGRESS),
 			 errmsg("request with idempotency key \"%s\" is already in progress",
@@ -225,12 +227,18 @@ record_is_live(const IdemRecord *rec, TimestampTz now)
 	return rec->expires_at > now;
 }
 
+/*
+ * The claim loop of idem_begin.  *waited_since is set to when it first had
+ * to wait (0: it never did).
+ */
 static ClaimStatus
 claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 			IdemInFlightPolicy policy, int64 lease, const Interval *ttl,
-			IdemRecord *rec)
+			IdemRecord *rec, TimestampTz *waited_since)
 {
 	TimestampTz lock_deadline = 0;
+
+	*waited_since = 0;
 
 	for (;;)
 	{
@@ -256,6 +264,8 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 				if (policy == IDEM_IN_FLIGHT_RAISE)
 					raise_in_progress(key, false);
 				idem_unlock_key(key);
+				if (*waited_since == 0)
+					*waited_since = now;
 				idem_wait_for_xact(rec->busy_xid);
 				continue;
 			}
@@ -278,6 +288,8 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 				raise_in_progress(key, true);
 			if (policy == IDEM_IN_FLIGHT_RAISE)
 				raise_in_progress(key, false);
+			if (*waited_since == 0)
+				*waited_since = now;
 			if (lock_deadline == 0 && LockTimeout > 0)
 				lock_deadline = TimestampTzPlusMilliseconds(now, LockTimeout);
 			idem_wait_for_wakeup(key, rec->expires_at, lock_deadline);
@@ -312,6 +324,8 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 				idem_unlock_key(key);
 				continue;
 			}
+			if (IdemRecordIsPending(rec))
+				idem_count(IDEM_COUNT_TAKEOVERS, 1);
 		}
 		idem_unlock_key(key);
 		*rec = claim;
@@ -331,11 +345,12 @@ idem_begin(PG_FUNCTION_ARGS)
 	IdemStore	store;
 	IdemRecord	rec;
 	ClaimStatus status;
+	TimestampTz waited_since;
 	TupleDesc	tupdesc;
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
 
-	key_from_args(fcinfo, &key);
+	idem_key_from_args(fcinfo, &key);
 	fingerprint = PG_ARGISNULL(2) ? NULL : PG_GETARG_BYTEA_PP(2);
 	policy = policy_from_arg(fcinfo, 3);
 
@@ -369,8 +384,16 @@ idem_begin(PG_FUNCTION_ARGS)
 	PreventCommandIfReadOnly("idem_begin()");
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid);
-	status = claim_begin(&store, &key, fingerprint, policy, lease, &ttl, &rec);
+	status = claim_begin(&store, &key, fingerprint, policy, lease, &ttl, &rec,
+						 &waited_since);
 	idem_store_close(&store);
+
+	idem_count(status == CLAIM_NEW ? IDEM_COUNT_CLAIMS : IDEM_COUNT_REPLAYS, 1);
+	if (waited_since != 0)
+	{
+		idem_count(IDEM_COUNT_WAITS, 1);
+		idem_count(IDEM_COUNT_WAIT_TIME, GetCurrentTimestamp() - waited_since);
+	}
 
 	/* the result type's descriptor, blessed once per call site */
 	tupdesc = (TupleDesc) fcinfo->flinfo->fn_extra;
@@ -400,11 +423,19 @@ idem_begin(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
 
-/* ---- idem_finish and idem_abort ---- */
+/* ---- idem_finish, idem_abort, idem_renew ---- */
+
+typedef enum ClaimAction
+{
+	CLAIM_FINISH,				/* store the response, start the retention */
+	CLAIM_ABORT,				/* release the key: errors are not cached */
+	CLAIM_RENEW					/* extend the lease */
+} ClaimAction;
 
 /*
- * Find the pending record that token holds and apply the finish or abort
- * to it.  Returns false when the token does not hold the key.
+ * Apply an action to the pending record that token holds.  Returns false,
+ * changing nothing, when the token does not hold the key.  *rec is the
+ * record as written.
  *
  * A claim made in this very transaction cannot be touched by anyone else
  * until we commit, and nobody sleeps on it but on our transaction lock: it
@@ -412,53 +443,66 @@ idem_begin(PG_FUNCTION_ARGS)
  * waiters; the key lock orders us with them and they are woken.
  */
 static bool
-settle_claim(IdemStore *store, const IdemKey *key, int64 token,
-			 Jsonb *response)
+act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
+			 ClaimAction action, Jsonb *response, int64 lease, IdemRecord *rec)
 {
 	bool		locked = false;
 
 	for (;;)
 	{
-		IdemRecord	rec;
+		TimestampTz now;
 		TM_Result	result;
 
-		if (!idem_store_fetch(store, key, &rec))
+		if (!idem_store_fetch(store, key, rec))
 			break;
-		if (TransactionIdIsValid(rec.busy_xid))
+		if (TransactionIdIsValid(rec->busy_xid))
 		{
 			if (locked)
 				idem_unlock_key(key);
 			locked = false;
-			idem_wait_for_xact(rec.busy_xid);
+			idem_wait_for_xact(rec->busy_xid);
 			continue;
 		}
-		if (rec.token != token || !IdemRecordIsPending(&rec))
+		if (rec->token != token || !IdemRecordIsPending(rec))
 			break;
-		if (!rec.mine && !locked)
+		if (!rec->mine && !locked)
 		{
 			idem_lock_key(key);
 			locked = true;
 			continue;			/* look again, now in order with waiters */
 		}
 
-		if (response != NULL)
+		now = GetCurrentTimestamp();
+		switch (action)
 		{
-			TimestampTz now = GetCurrentTimestamp();
-
-			rec.completed_at = now;
-			rec.expires_at = now + interval_usecs(&rec.ttl, "ttl");
-			rec.response = response;
-			result = idem_store_update(store, key, &rec);
+			case CLAIM_FINISH:
+				rec->completed_at = now;
+				rec->expires_at = now + interval_usecs(&rec->ttl, "ttl");
+				rec->response = response;
+				result = idem_store_update(store, key, rec);
+				break;
+			case CLAIM_ABORT:
+				result = idem_store_delete(store, rec);
+				break;
+			case CLAIM_RENEW:
+				if (lease > interval_usecs(&rec->ttl, "ttl"))
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("idempotency lease must not be longer than its ttl")));
+				rec->expires_at = now + lease;
+				result = idem_store_update(store, key, rec);
+				break;
+			default:
+				elog(ERROR, "idempotency: unknown claim action %d", (int) action);
 		}
-		else
-			result = idem_store_delete(store, &rec);
 
 		if (result != TM_Ok)
 			continue;			/* changed under us (purged): look again */
 
 		if (locked)
 		{
-			idem_wake_waiters(key);
+			if (action != CLAIM_RENEW)
+				idem_wake_waiters(key);
 			idem_unlock_key(key);
 		}
 		return true;
@@ -466,6 +510,7 @@ settle_claim(IdemStore *store, const IdemKey *key, int64 token,
 
 	if (locked)
 		idem_unlock_key(key);
+	idem_count(IDEM_COUNT_FENCED, 1);
 	return false;
 }
 
@@ -476,9 +521,10 @@ idem_finish(PG_FUNCTION_ARGS)
 	int64		token;
 	Jsonb	   *response;
 	IdemStore	store;
-	bool		settled;
+	IdemRecord	rec;
+	bool		held;
 
-	key_from_args(fcinfo, &key);
+	idem_key_from_args(fcinfo, &key);
 	token = required_token(fcinfo, 2);
 	if (PG_ARGISNULL(3))
 		ereport(ERROR,
@@ -497,10 +543,10 @@ idem_finish(PG_FUNCTION_ARGS)
 	PreventCommandIfReadOnly("idem_finish()");
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid);
-	settled = settle_claim(&store, &key, token, response);
+	held = act_on_claim(&store, &key, token, CLAIM_FINISH, response, 0, &rec);
 	idem_store_close(&store);
 
-	if (!settled)
+	if (!held)
 		raise_stale_token(&key, token);
 	PG_RETURN_VOID();
 }
@@ -511,16 +557,56 @@ idem_abort(PG_FUNCTION_ARGS)
 	IdemKey		key;
 	int64		token;
 	IdemStore	store;
-	bool		settled;
+	IdemRecord	rec;
+	bool		held;
 
-	key_from_args(fcinfo, &key);
+	idem_key_from_args(fcinfo, &key);
 	token = required_token(fcinfo, 2);
 
 	PreventCommandIfReadOnly("idem_abort()");
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid);
-	settled = settle_claim(&store, &key, token, NULL);
+	held = act_on_claim(&store, &key, token, CLAIM_ABORT, NULL, 0, &rec);
 	idem_store_close(&store);
 
-	PG_RETURN_BOOL(settled);
+	if (held)
+		idem_count(IDEM_COUNT_ABORTS, 1);
+	PG_RETURN_BOOL(held);
+}
+
+/*
+ * idem_renew(operation, key, token, lease): extend a claim for a long
+ * action; returns the new end of the lease.  Waiters keep waiting.
+ */
+Datum
+idem_renew(PG_FUNCTION_ARGS)
+{
+	IdemKey		key;
+	int64		token;
+	int64		lease;
+	IdemStore	store;
+	IdemRecord	rec;
+	bool		held;
+
+	idem_key_from_args(fcinfo, &key);
+	token = required_token(fcinfo, 2);
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("idempotency lease must not be null")));
+	lease = interval_usecs(PG_GETARG_INTERVAL_P(3), "lease");
+	if (lease <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency lease must be positive")));
+
+	PreventCommandIfReadOnly("idem_renew()");
+
+	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	held = act_on_claim(&store, &key, token, CLAIM_RENEW, NULL, lease, &rec);
+	idem_store_close(&store);
+
+	if (!held)
+		raise_stale_token(&key, token);
+	PG_RETURN_TIMESTAMPTZ(rec.expires_at);
 }

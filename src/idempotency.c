@@ -3,14 +3,16 @@
  * idempotency.c
  *	  Module entry point and the idempotency.* settings.
  *
- * Every setting is a default for an argument of idem_begin / idem_finish;
- * an explicit argument always wins.
+ * in_flight, lease and ttl are defaults for arguments of idem_begin (an
+ * explicit argument always wins); max_response_size limits idem_finish;
+ * purge_interval, purge_batch_size and databases drive the purge worker.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
@@ -24,6 +26,9 @@ int			idem_in_flight = IDEM_IN_FLIGHT_WAIT;
 int			idem_lease_ms = 30 * 1000;
 int			idem_ttl_s = 24 * 60 * 60;
 int			idem_max_response_size = 64 * 1024;
+int			idem_purge_interval_s = 60;
+int			idem_purge_batch_size = 1000;
+char	   *idem_purge_databases = NULL;
 
 static const struct config_enum_entry in_flight_options[] = {
 	{"wait", IDEM_IN_FLIGHT_WAIT, false},
@@ -79,7 +84,45 @@ _PG_init(void)
 							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("idempotency.purge_interval",
+							"Time between runs of the purge worker.",
+							"Only used when idempotency is in shared_preload_libraries.",
+							&idem_purge_interval_s,
+							60,
+							1,
+							INT_MAX / 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.purge_batch_size",
+							"Records the purge worker deletes per transaction.",
+							NULL,
+							&idem_purge_batch_size,
+							1000,
+							1,
+							1000000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("idempotency.databases",
+							   "Databases the purge worker keeps clean (comma-separated).",
+							   "Only used when idempotency is in shared_preload_libraries.",
+							   &idem_purge_databases,
+							   "postgres",
+							   PGC_POSTMASTER,
+							   0,
+							   NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("idempotency");
 
 	idem_store_init();
+
+	/* shared memory and workers exist only when preloaded */
+	if (process_shared_preload_libraries_in_progress)
+	{
+		idem_stats_shmem_init();
+		idem_purge_workers_register();
+	}
 }

@@ -11,6 +11,8 @@
  *	  locks.c        the per-key lock, waiting for a claim and waking waiters
  *	  fingerprint.c  idem_fingerprint()
  *	  admin.c        idem_purge() and idem_set_logged()
+ *	  stats.c        idem_inspect, idem_stats, counters in shared memory
+ *	  purge_worker.c the background worker that purges expired records
  *
  *-------------------------------------------------------------------------
  */
@@ -20,6 +22,7 @@
 #include "postgres.h"
 
 #include "access/tableam.h"
+#include "fmgr.h"
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 #include "utils/relcache.h"
@@ -48,6 +51,9 @@ extern int	idem_in_flight;			/* IdemInFlightPolicy */
 extern int	idem_lease_ms;
 extern int	idem_ttl_s;
 extern int	idem_max_response_size;
+extern int	idem_purge_interval_s;
+extern int	idem_purge_batch_size;
+extern char *idem_purge_databases;
 
 /* ---- storage (storage.c) ---- */
 
@@ -100,8 +106,41 @@ extern void idem_store_insert(IdemStore *store, const IdemKey *key,
 extern TM_Result idem_store_update(IdemStore *store, const IdemKey *key,
 								   const IdemRecord *rec);
 extern TM_Result idem_store_delete(IdemStore *store, const IdemRecord *rec);
+typedef void (*IdemRecordCallback) (void *arg, text *operation, bool pending,
+									TimestampTz expires_at);
+extern void idem_store_scan_role(IdemStore *store, Oid role,
+								 IdemRecordCallback fn, void *arg);
 extern Oid	idem_store_relid(Oid fn_oid);
 extern void idem_store_init(void);
+
+/* ---- claim logic (claim.c) ---- */
+
+extern void idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key);
+
+/* ---- counters (stats.c) ---- */
+
+typedef enum IdemCounter
+{
+	IDEM_COUNT_CLAIMS,			/* idem_begin returned 'new' */
+	IDEM_COUNT_REPLAYS,			/* idem_begin returned 'replay' */
+	IDEM_COUNT_WAITS,			/* idem_begin calls that waited */
+	IDEM_COUNT_WAIT_TIME,		/* microseconds they waited */
+	IDEM_COUNT_IN_PROGRESS,		/* IK409 */
+	IDEM_COUNT_KEY_REUSE,		/* IK422 */
+	IDEM_COUNT_TAKEOVERS,		/* claims of a key whose lease lapsed */
+	IDEM_COUNT_FENCED,			/* stale tokens: IK412, or abort returning false */
+	IDEM_COUNT_ABORTS,			/* idem_abort returning true */
+	IDEM_COUNT_PURGED,			/* records deleted by idem_purge */
+	IDEM_NUM_COUNTERS
+} IdemCounter;
+
+extern void idem_stats_shmem_init(void);
+extern void idem_count(IdemCounter counter, int64 n);
+
+/* ---- background purge (purge_worker.c) ---- */
+
+extern void idem_purge_workers_register(void);
+PGDLLEXPORT extern void idem_purge_worker_main(Datum arg);
 
 /* ---- locks and waiting (locks.c) ---- */
 

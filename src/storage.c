@@ -313,3 +313,38 @@ idem_store_delete(IdemStore *store, const IdemRecord *rec)
 		elog(ERROR, "idempotency: record version not deletable (%d)", result);
 	return result;
 }
+
+/*
+ * Call fn for every committed record of one role, in (operation, key)
+ * order, as the active snapshot sees them.  For statistics: nothing here
+ * waits or locks, and responses are not read.
+ */
+void
+idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *arg)
+{
+	ScanKeyData skey[1];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+
+	ScanKeyInit(&skey[0], Anum_role_id, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(role));
+	slot = table_slot_create(store->heap, NULL);
+	scan = index_beginscan(store->heap, store->index, GetActiveSnapshot(), 1, 0);
+	index_rescan(scan, skey, 1, NULL, 0);
+
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		bool		pending;
+		TimestampTz expires_at;
+		text	   *operation;
+
+		operation = DatumGetTextPP(slot_getattr(slot, Anum_operation, &isnull));
+		(void) slot_getattr(slot, Anum_completed_at, &pending);
+		expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_expires_at, &isnull));
+		fn(arg, operation, pending, expires_at);
+	}
+
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+}

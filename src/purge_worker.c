@@ -1,0 +1,146 @@
+/*-------------------------------------------------------------------------
+ *
+ * purge_worker.c
+ *	  Background workers that delete expired records.
+ *
+ * With idempotency in shared_preload_libraries, one worker per database
+ * named in idempotency.databases wakes every idempotency.purge_interval and
+ * calls idem_purge(idempotency.purge_batch_size) in its own short
+ * transaction, batch after batch, until a batch comes back short.  Each
+ * batch locks only the rows it deletes and skips rows others are working
+ * on, so concurrent claims never wait for it for long.  A database without
+ * the extension is skipped.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type_d.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/snapmgr.h"
+#include "utils/varlena.h"
+
+#include "idempotency.h"
+
+void
+idem_purge_workers_register(void)
+{
+	char	   *names = pstrdup(idem_purge_databases);
+	List	   *databases;
+	ListCell   *lc;
+
+	if (!SplitIdentifierString(names, ',', &databases))
+	{
+		ereport(WARNING,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid list syntax in idempotency.databases; no purge worker started")));
+		return;
+	}
+
+	foreach(lc, databases)
+	{
+		const char *dbname = (const char *) lfirst(lc);
+		BackgroundWorker worker;
+
+		memset(&worker, 0, sizeof(worker));
+		worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+		worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+		worker.bgw_restart_time = 10;
+		snprintf(worker.bgw_library_name, BGW_MAXLEN, "idempotency");
+		snprintf(worker.bgw_function_name, BGW_MAXLEN, "idem_purge_worker_main");
+		snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency purge worker for database %s", dbname);
+		snprintf(worker.bgw_type, BGW_MAXLEN, "idempotency purge worker");
+		strlcpy(worker.bgw_extra, dbname, BGW_EXTRALEN);
+		RegisterBackgroundWorker(&worker);
+	}
+}
+
+/*
+ * One batch in one transaction.  Returns the number of records deleted, or
+ * -1 when the extension is not installed in this database.
+ */
+static int64
+purge_one_batch(void)
+{
+	int64		deleted = -1;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "idempotency: purging expired records");
+
+	if (SPI_execute("SELECT n.nspname FROM pg_catalog.pg_extension e"
+					" JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace"
+					" WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'",
+					true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "idempotency purge worker: extension look-up failed");
+
+	if (SPI_processed == 1)
+	{
+		char	   *schema = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+		char	   *query = psprintf("SELECT %s.idem_purge($1)", quote_identifier(schema));
+		Oid			argtypes[1] = {INT4OID};
+		Datum		args[1] = {Int32GetDatum(idem_purge_batch_size)};
+		bool		isnull;
+
+		if (SPI_execute_with_args(query, 1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT)
+			elog(ERROR, "idempotency purge worker: idem_purge failed");
+		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 1, &isnull));
+	}
+
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	return deleted;
+}
+
+void
+idem_purge_worker_main(Datum arg)
+{
+	char		dbname[BGW_EXTRALEN];
+
+	strlcpy(dbname, MyBgworkerEntry->bgw_extra, sizeof(dbname));
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(dbname, NULL, 0);
+
+	for (;;)
+	{
+		(void) WaitLatch(MyLatch,
+						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 (long) idem_purge_interval_s * 1000L,
+						 PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+
+		/* batch after batch until one comes back short */
+		for (;;)
+		{
+			int64		deleted = purge_one_batch();
+
+			if (deleted < idem_purge_batch_size)
+				break;
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+}
