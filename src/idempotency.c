@@ -106,20 +106,25 @@ _PG_init(void)
 							0,
 							NULL, NULL, NULL);
 
-	DefineCustomStringVariable("idempotency.databases",
-							   "Databases the purge worker keeps clean (comma-separated).",
-							   "Only used when idempotency is in shared_preload_libraries.",
-							   &idem_purge_databases,
-							   "postgres",
-							   PGC_POSTMASTER,
-							   0,
-							   NULL, NULL, NULL);
+	/*
+	 * The workers' databases can change only at server start, so that setting
+	 * exists only when preloaded -- as do the workers and the shared memory
+	 * of the counters.
+	 */
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomStringVariable("idempotency.databases",
+								   "Databases the purge worker keeps clean (comma-separated).",
+								   "Only used when idempotency is in shared_preload_libraries.",
+								   &idem_purge_databases,
+								   "postgres",
+								   PGC_POSTMASTER,
+								   0,
+								   NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");
 
 	idem_store_init();
 
-	/* shared memory and workers exist only when preloaded */
 	if (process_shared_preload_libraries_in_progress)
 	{
 		idem_stats_shmem_init();
