@@ -1,0 +1,73 @@
+--
+-- 90_upgrade: DROP / CREATE EXTENSION in a session that has used the
+-- extension, the 1.0 SQL definitions running on the current library, and
+-- the 1.0 -> 1.1 upgrade script, which must give exactly what a fresh 1.1
+-- install gives.
+--
+\set VERBOSITY default
+
+-- Every member object of the extension, with what matters about it: for a
+-- function its C symbol, volatility, strictness, SECURITY DEFINER, search_path
+-- and whether PUBLIC may execute it; for a relation its kind, persistence
+-- and PUBLIC's privileges; and whether the table is dumped as configuration.
+CREATE FUNCTION ext_objects() RETURNS SETOF text LANGUAGE sql AS $$
+  SELECT pg_describe_object(d.classid, d.objid, 0) ||
+         CASE d.classid
+           WHEN 'pg_proc'::regclass THEN
+             (SELECT format(' -> %s %s strict=%s secdef=%s config=%s returns=%s public_execute=%s',
+                            p.prosrc, p.provolatile, p.proisstrict, p.prosecdef,
+                            p.proconfig, p.prorettype::regtype,
+                            EXISTS (SELECT FROM aclexplode(p.proacl) a
+                                     WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
+                FROM pg_proc p WHERE p.oid = d.objid)
+           WHEN 'pg_class'::regclass THEN
+             (SELECT format(' -> kind=%s persistence=%s public=%s config_dump=%s',
+                            c.relkind, c.relpersistence,
+                            ARRAY(SELECT a.privilege_type FROM aclexplode(c.relacl) a
+                                   WHERE a.grantee = 0 ORDER BY 1),
+                            c.oid = ANY (e.extconfig))
+                FROM pg_class c WHERE c.oid = d.objid)
+           ELSE ''
+         END
+    FROM pg_depend d
+    JOIN pg_extension e ON e.oid = d.refobjid
+   WHERE d.refclassid = 'pg_extension'::regclass
+     AND e.extname = 'idempotency'
+     AND d.deptype = 'e'
+$$;
+
+-- This session uses the fresh install (and so remembers its objects) ...
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+SELECT status FROM idem_begin('upgrade', 'u0', NULL);
+CREATE TEMP TABLE fresh_objects AS SELECT o FROM ext_objects() o;
+SELECT o AS fresh_install FROM fresh_objects ORDER BY o;
+
+-- ... and still works after the extension is dropped and created again:
+-- the new, empty record table is found, not the dropped one.
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency VERSION '1.0';
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+SELECT count(*) AS records FROM idem_record;
+SELECT status FROM idem_begin('upgrade', 'u0', NULL);
+
+-- The 1.0 SQL definitions work with the current library.
+SELECT token AS u1_token FROM idem_begin('upgrade', 'u1', idem_fingerprint('u', 1)) \gset
+SELECT idem_finish('upgrade', 'u1', :u1_token, '{"version": "1.0"}');
+SELECT status, response FROM idem_begin('upgrade', 'u1', idem_fingerprint('u', 1));
+SELECT idem_abort('upgrade', 'u2', (idem_begin('upgrade', 'u2', NULL)).token);
+SELECT idem_purge() AS purged;
+SELECT idem_set_logged(true);
+SELECT idem_set_logged(false);
+
+-- Upgrade: the same objects, with the same properties, as a fresh 1.1
+-- install -- nothing missing, nothing extra.
+ALTER EXTENSION idempotency UPDATE TO '1.1';
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+SELECT o AS missing_after_upgrade FROM fresh_objects
+EXCEPT SELECT o FROM ext_objects() o;
+SELECT o AS extra_after_upgrade FROM ext_objects() o
+EXCEPT SELECT o FROM fresh_objects;
+-- The records survive the upgrade.
+SELECT status, response FROM idem_begin('upgrade', 'u1', idem_fingerprint('u', 1));
+SELECT idem_begin('upgrade', 'u0', NULL, in_flight => 'raise');
+\echo :SQLSTATE
