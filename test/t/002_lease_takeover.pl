@@ -1,0 +1,192 @@
+# A claim committed before an external call (the "external effect" shape),
+# whose worker is then killed.  The claim outlives its backend: it is
+# protected by its lease, and taken over when the lease ends.
+#
+# 1. During the lease a retry in 'raise' mode gets IK409 at once; a retry
+#    in 'wait' mode sleeps (wait event Extension, holding the waiter lock,
+#    class 0x494C) until the lease ends -- not less -- then gets 'new' with
+#    a greater token.
+# 2. Fencing: the dead worker's late idem_finish with its old token fails
+#    with IK412 and its idem_abort returns false; the new owner's result
+#    stands.
+# 3. Contrast: a lapsed claim that nobody took over can still be finished
+#    by its own token.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+# ---- a psql session driven statement by statement ----
+
+sub send_sql
+{
+	my ($s, $sql) = @_;
+	$s->{stdout} = '';
+	$s->{stderr} = '';
+	$s->{stdin} .= "$sql\n\\echo __done__ :SQLSTATE\n\\warn __done__\n";
+	$s->{run}->pump_nb;
+	return;
+}
+
+sub sql_done
+{
+	my ($s) = @_;
+	$s->{run}->pump_nb;
+	return $s->{stdout} =~ /__done__/;
+}
+
+# (output, sqlstate, stderr) of the statement started by send_sql
+sub wait_sql
+{
+	my ($s) = @_;
+	my $timer = IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default);
+	$timer->start;
+	until ($s->{stdout} =~ /__done__ \w+\n/ && $s->{stderr} =~ /__done__\n/)
+	{
+		die "timed out waiting for psql: $s->{stdout} $s->{stderr}"
+		  if $timer->is_expired;
+		die "psql exited: $s->{stdout} $s->{stderr}"
+		  unless $s->{run}->pumpable;
+		$s->{run}->pump;
+	}
+	my ($out, $state) = $s->{stdout} =~ /^(.*?)\n?__done__ (\w+)\n/s;
+	(my $err = $s->{stderr}) =~ s/__done__\n//;
+	return ($out, $state, $err);
+}
+
+sub run_sql
+{
+	my ($s, $sql) = @_;
+	send_sql($s, $sql);
+	return wait_sql($s);
+}
+
+# ---- the node ----
+
+my $node = PostgreSQL::Test::Cluster->new('lease');
+$node->init;
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+
+my $fp = q{idem_fingerprint('mail-1')};
+
+sub records
+{
+	my ($key) = @_;
+	return $node->safe_psql('postgres', qq{
+		SELECT token, CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, response
+		  FROM idem_record WHERE key = '$key' ORDER BY token});
+}
+
+sub idem_locks
+{
+	return $node->safe_psql('postgres', q{
+		SELECT count(*) FROM pg_locks
+		 WHERE locktype = 'advisory' AND objsubid IN (18763, 18764)});    # 0x494B, 0x494C
+}
+
+# ========== 1. the worker commits its claim, then dies ==========
+
+my $worker = $node->background_psql('postgres', on_error_stop => 0);
+my ($worker_pid) = run_sql($worker, 'SELECT pg_backend_pid();');
+my ($out, $state) = run_sql($worker, qq{
+	SELECT status || '|' || token FROM idem_begin('mail', 'k1', $fp, lease => '3s') b;});
+like($out, qr/^new\|\d+$/, 'worker claims k1 with a 3s lease (autocommit)');
+my ($worker_token) = $out =~ /\|(\d+)$/;
+my $lease_end = $node->safe_psql('postgres', q{
+	SELECT extract(epoch FROM expires_at) FROM idem_record WHERE key = 'k1'});
+
+is($node->safe_psql('postgres', "SELECT pg_terminate_backend($worker_pid)"),
+	't', 'worker terminated during its external call');
+ok($node->poll_query_until('postgres',
+		"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $worker_pid"),
+	'worker backend is gone');
+$worker->quit;
+is(records('k1'), "$worker_token|pending|",
+	'its committed claim outlives it: k1 is pending with the worker\'s token');
+
+# raise: in progress, at once
+my $retry = $node->background_psql('postgres', on_error_stop => 0);
+my ($retry_pid) = run_sql($retry, 'SELECT pg_backend_pid();');
+my $t0 = time;
+($out, $state) = run_sql($retry, qq{
+	SELECT status FROM idem_begin('mail', 'k1', $fp, in_flight => 'raise') b;});
+is($state, 'IK409', 'raise-mode retry during the lease: IK409');
+cmp_ok(time - $t0, '<', 1, 'raise-mode retry fails at once');
+
+# wait: sleeps until the lease ends
+send_sql($retry, qq{
+	SELECT b.status || '|' || coalesce(b.token::text, '') || '|' ||
+	       extract(epoch FROM statement_timestamp()) || '|' || extract(epoch FROM clock_timestamp())
+	  FROM idem_begin('mail', 'k1', $fp, lease => '1s') b;});
+ok( $node->poll_query_until('postgres', qq{
+		SELECT wait_event_type = 'Extension' AND wait_event = 'Extension'
+		  FROM pg_stat_activity WHERE pid = $retry_pid}),
+	'wait-mode retry sleeps in wait event Extension');
+is( $node->safe_psql('postgres', qq{
+		SELECT mode, granted FROM pg_locks
+		 WHERE pid = $retry_pid AND locktype = 'advisory' AND objsubid = 18764}),
+	'AccessShareLock|t',
+	'while sleeping it holds the waiter lock (class 0x494C) in share mode');
+ok(!sql_done($retry), 'wait-mode retry is still blocked during the lease');
+($out, $state) = wait_sql($retry);
+is($state, '00000', 'wait-mode retry returns without error');
+like($out, qr/^new\|\d+\|[\d.]+\|[\d.]+$/, 'wait-mode retry takes the key over: new');
+my ($retry_token, $started, $returned) = $out =~ /^new\|(\d+)\|([\d.]+)\|([\d.]+)$/;
+cmp_ok($lease_end - $started, '>', 1,
+	sprintf('the lease had %.3fs left when the retry started', $lease_end - $started));
+cmp_ok($returned, '>=', $lease_end,
+	sprintf('the retry returned after the lease ended (%.3fs after the start, %.3fs after the lease end)',
+		$returned - $started, $returned - $lease_end));
+cmp_ok($returned - $lease_end, '<', 2,
+	'and soon after it (woken by its timeout, not by a later poll)');
+cmp_ok($retry_token, '>', $worker_token, 'the takeover token is greater than the worker\'s');
+is(records('k1'), "$retry_token|pending|", 'k1 is pending with the retry\'s token');
+
+# ========== 2. fencing: the dead worker's late calls ==========
+
+my $late = $node->background_psql('postgres', on_error_stop => 0);
+($out, $state) = run_sql($late,
+	qq{SELECT idem_finish('mail', 'k1', $worker_token, '{"sent": "by the dead worker"}');});
+is($state, 'IK412', 'the dead worker\'s late idem_finish with its old token: IK412');
+($out, $state) = run_sql($late,
+	qq{SELECT idem_abort('mail', 'k1', $worker_token);});
+is($out, 'f', 'the dead worker\'s late idem_abort with its old token: false');
+is(records('k1'), "$retry_token|pending|", 'k1 is untouched by the late calls');
+
+($out, $state) = run_sql($retry,
+	qq{SELECT idem_finish('mail', 'k1', $retry_token, '{"sent": "by the retry"}');});
+is($state, '00000', 'the new owner finishes k1');
+($out, $state) = run_sql($late, qq{
+	SELECT status || '|' || response FROM idem_begin('mail', 'k1', $fp) b;});
+is($out, 'replay|{"sent": "by the retry"}', 'k1 replays the new owner\'s response');
+($out, $state) = run_sql($late,
+	qq{SELECT idem_finish('mail', 'k1', $worker_token, '{"sent": "by the dead worker"}');});
+is($state, 'IK412', 'the old token still cannot finish the completed k1');
+is(records('k1'), qq{$retry_token|completed|{"sent": "by the retry"}},
+	'k1 holds the new owner\'s result');
+
+# ========== 3. a lapsed claim nobody took over can still be finished ==========
+
+($out) = run_sql($late, qq{
+	SELECT status || '|' || token FROM idem_begin('mail', 'k2', $fp, lease => '1s') b;});
+like($out, qr/^new\|\d+$/, 'k2 claimed with a 1s lease');
+my ($slow_token) = $out =~ /\|(\d+)$/;
+ok( $node->poll_query_until('postgres', q{
+		SELECT expires_at < clock_timestamp() FROM idem_record WHERE key = 'k2'}),
+	'k2\'s lease lapsed');
+($out, $state) = run_sql($late,
+	qq{SELECT idem_finish('mail', 'k2', $slow_token, '{"sent": "late but alone"}');});
+is($state, '00000', 'the slow worker still finishes k2: nobody took it over');
+($out) = run_sql($late, qq{SELECT status || '|' || response FROM idem_begin('mail', 'k2', $fp) b;});
+is($out, 'replay|{"sent": "late but alone"}', 'k2 replays it');
+
+is(idem_locks(), '0', 'no idempotency lock is left');
+$retry->quit;
+$late->quit;
+$node->stop;
+done_testing();
