@@ -36,7 +36,9 @@ COMMENT ON TABLE @extschema@.idem_record IS
  * Fencing tokens.  One sequence for all keys: a later claim always gets a
  * greater token than any earlier one, whatever happened to the earlier
  * record (aborted, purged, lost in a crash of the unlogged table).  It is
- * logged on purpose and has no cache, so it never goes backwards.
+ * logged on purpose and has no cache, and a claim whose token is not on
+ * disk yet flushes it at commit (src/storage.c), so it never goes
+ * backwards, not even across a crash.
  */
 CREATE SEQUENCE @extschema@.idem_token_seq AS pg_catalog.int8 NO CYCLE;
 REVOKE ALL ON SEQUENCE @extschema@.idem_token_seq FROM PUBLIC;

@@ -128,7 +128,7 @@ interval_usecs(const Interval *iv, const char *what)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idempotency %s is too long", what),
-				 errdetail("At most 100 years is allowed.")));
+				 errdetail("At most 36500 days is allowed.")));
 	return usecs;
 }
 

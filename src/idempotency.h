@@ -37,7 +37,7 @@
 /* Shortest retention a record may be given */
 #define IDEM_MIN_TTL			(60 * USECS_PER_SEC)
 /* Longest lease or retention accepted, to keep timestamps in range */
-#define IDEM_MAX_INTERVAL		(INT64CONST(100) * 365 * USECS_PER_DAY)
+#define IDEM_MAX_INTERVAL		(INT64CONST(36500) * USECS_PER_DAY)
 
 /* ---- settings (idempotency.c) ---- */
 

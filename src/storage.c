@@ -23,12 +23,14 @@
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_collation_d.h"
 #include "commands/sequence.h"
 #include "executor/tuptable.h"
 #include "nodes/execnodes.h"
+#include "storage/bufmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
@@ -201,11 +203,34 @@ idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 	return found;
 }
 
-/* A fencing token: greater than every token handed out before it */
+/*
+ * A fencing token: greater than every token handed out before it, also
+ * across a crash.
+ *
+ * nextval() writes WAL only every 32 values and leaves flushing it to the
+ * commit of a transaction that writes WAL -- which a claim on the unlogged
+ * table does not.  A claim committed while the sequence's WAL is still in
+ * memory would hand its token out again after a crash, to another attempt
+ * at the same key: fencing broken.  So when the value we took is not on
+ * disk yet, our commit flushes it.  That is one flush per 32 claims at most,
+ * and none when the WAL writer got there first.
+ */
 int64
 idem_store_next_token(IdemStore *store)
 {
-	return nextval_internal(store->token_seq, false);
+	int64		token = nextval_internal(store->token_seq, false);
+	Relation	seq = relation_open(store->token_seq, AccessShareLock);
+	Buffer		buf = ReadBuffer(seq, 0);
+	XLogRecPtr	logged;
+
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	logged = PageGetLSN(BufferGetPage(buf));
+	UnlockReleaseBuffer(buf);
+	relation_close(seq, NoLock);
+
+	if (logged > GetFlushRecPtr(NULL))
+		ForceSyncCommit();
+	return token;
 }
 
 static HeapTuple
