@@ -171,6 +171,11 @@ missing_packages() {
 		echo perl
 	fi
 	perl -MIPC::Run -e1 >/dev/null 2>&1 || echo libipc-run-perl
+	# commands a mode needs besides: "command:package" pairs
+	local need
+	for need in ${EXTRA_COMMANDS:-}; do
+		command -v "${need%%:*}" >/dev/null 2>&1 || [[ -x /usr/sbin/${need%%:*} ]] || echo "${need#*:}"
+	done
 	return 0
 }
 
@@ -302,8 +307,12 @@ start_server() {
 			as_pg tee -a "$IDEM_PGDATA/postgresql.conf" >/dev/null
 	fi
 
+	# IDEM_SERVER_WRAPPER: a script that execs postgres under a tool
+	# (valgrind for `test/run memcheck`); startup is slower then.
+	local -a pgctl_opts=(-w -t 60)
+	[[ -z ${IDEM_SERVER_WRAPPER:-} ]] || pgctl_opts=(-w -t 600 -p "$IDEM_SERVER_WRAPPER")
 	info "starting server: port $port, socket dir $sock, log $IDEM_SERVER_LOG"
-	if ! as_pg "$PG_BINDIR/pg_ctl" -D "$IDEM_PGDATA" -l "$IDEM_SERVER_LOG" -w -t 60 start >/dev/null; then
+	if ! as_pg "$PG_BINDIR/pg_ctl" -D "$IDEM_PGDATA" -l "$IDEM_SERVER_LOG" "${pgctl_opts[@]}" start >/dev/null; then
 		err "server failed to start; log: $IDEM_SERVER_LOG (its tail is printed at the end)"
 		return 1
 	fi
