@@ -1,0 +1,229 @@
+// The payments API: POST /charges with an Idempotency-Key header, on top of
+// the idempotency extension, in the "external effect" shape of SPEC §4:
+//
+//   1. idem_begin(...)           autocommit: the claim is committed before
+//                                the provider is called
+//   2. provider.charge(...)      the external call, passing the key on
+//   3. idem_finish(... response) autocommit; or idem_abort() if the
+//                                provider failed: errors are not cached
+//
+// A retry that arrives while step 2 runs waits inside idem_begin (the
+// default 'wait' policy) and then replays the stored response; with
+// in_flight 'raise' it gets 409 at once.  A completed request is replayed
+// with the identical status, headers and body, plus
+// `Idempotent-Replayed: true`.
+//
+// Connection pools matter here.  A waiting idem_begin occupies its
+// connection until the first attempt calls idem_finish or idem_abort, so
+// those two must never queue behind waiters for a connection: claims go
+// through `claimPool`, finish/abort and reads through `pool`.  (With one
+// shared pool, as many concurrent retries as the pool has connections
+// would block the first attempt's idem_finish until its lease ran out.)
+
+import express from 'express';
+
+import { parseIdempotencyKey } from './idempotency-key.js';
+import { PROBLEM_TYPES, Problem, problemFromDbError, sendProblem } from './problems.js';
+import { ProviderError } from './provider.js';
+
+export const OPERATION = 'payment.charge';
+const SERIALIZATION_RETRIES = 3;
+
+// The fingerprint covers the fields that make a charge *this* charge, and
+// nothing else: a retry may legitimately carry another description or
+// trace id (SPEC §1).  Its text form must not depend on session settings:
+// amount is an integer and the others are text, so it does not.
+const BEGIN_SQL = `
+	SELECT c.status, c.token, c.response
+	  FROM idem_begin($1, $2,
+	                  idem_fingerprint($3::text, $4::bigint, $5::text),
+	                  in_flight => $6, lease => $7::interval) AS c`;
+
+// Store the response, and read back what was stored: the first response is
+// sent from exactly the jsonb a replay will get, so both are identical
+// byte for byte (jsonb orders object keys its own way).
+const FINISH_SQL = `SELECT idem_finish($1, $2, $3, $4::jsonb), $4::jsonb AS response`;
+
+const ABORT_SQL = `SELECT idem_abort($1, $2, $3) AS released`;
+
+export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease = '30 s', log = console }) {
+	const app = express();
+	app.disable('x-powered-by');
+	app.use(express.json({ limit: '16kb' }));
+
+	app.post('/charges', async (req, res) => {
+		const parsed = parseIdempotencyKey(req.get('Idempotency-Key'));
+		if (!parsed.ok) {
+			return sendProblem(res, new Problem(400,
+				parsed.missing ? 'idempotency-key-missing' : 'idempotency-key-malformed', parsed.reason));
+		}
+		const key = parsed.key;
+		const charge = validateCharge(req.body);
+		if (charge.error) {
+			return sendProblem(res, new Problem(400, 'invalid-request', charge.error));
+		}
+		const { customer, amount, currency } = charge;
+
+		// 1. claim the key
+		let claim;
+		try {
+			claim = await begin(claimPool, [OPERATION, key, customer, amount, currency, inFlight, lease]);
+		} catch (err) {
+			return sendProblem(res, dbProblem(err, 'begin', log));
+		}
+		if (claim.status === 'replay') {
+			return sendStored(res, claim.response, true);
+		}
+
+		// 2. we hold the key: call the provider, passing the key on
+		let result;
+		try {
+			result = await provider.charge({ idempotencyKey: key, customer, amount, currency });
+		} catch (err) {
+			// errors are not cached: release the claim so a retry runs again
+			try {
+				await pool.query(ABORT_SQL, [OPERATION, key, claim.token]);
+			} catch (abortErr) {
+				// the lease will release it
+				log.error(`idem_abort failed for key ${JSON.stringify(key)}:`, abortErr.message);
+			}
+			if (!(err instanceof ProviderError)) {
+				log.error('provider call failed:', err);
+			}
+			return sendProblem(res, new Problem(502, 'provider-unavailable',
+				'The payment provider did not confirm the charge; nothing was charged. Retry with the same Idempotency-Key.'));
+		}
+
+		// 3. store the response; every later request with this key gets it
+		const response = {
+			status: 201,
+			headers: { location: `/charges/${result.id}` },
+			body: {
+				id: result.id,
+				object: 'charge',
+				customer,
+				amount,
+				currency,
+				created: result.created,
+			},
+		};
+		let stored;
+		try {
+			const { rows } = await pool.query(FINISH_SQL, [OPERATION, key, claim.token, response]);
+			stored = rows[0].response;
+		} catch (err) {
+			// IK412: our lease lapsed and another attempt took the key over.
+			// The charge was made; say so loudly, the operator must look.
+			log.error(`charge ${result.id} made but its response was not stored (key ${JSON.stringify(key)}):`,
+				err.code, err.message);
+			return sendProblem(res, dbProblem(err, 'finish', log));
+		}
+		return sendStored(res, stored, false);
+	});
+
+	app.get('/charges/:id', async (req, res) => {
+		const m = /^ch_([1-9][0-9]{0,17})$/.exec(req.params.id);
+		const { rows } = m
+			? await pool.query(
+				`SELECT id, customer, amount, currency, created_at FROM charges WHERE id = $1`, [m[1]])
+			: { rows: [] };
+		if (rows.length === 0) {
+			return sendProblem(res, new Problem(404, 'not-found', `There is no charge ${req.params.id}.`));
+		}
+		const row = rows[0];
+		res.json({
+			id: `ch_${row.id}`,
+			object: 'charge',
+			customer: row.customer,
+			amount: Number(row.amount),
+			currency: row.currency,
+			created: row.created_at.toISOString(),
+		});
+	});
+
+	// the documentation the problem "type" URIs point to
+	app.get('/problems/:type', (req, res) => {
+		const t = Object.hasOwn(PROBLEM_TYPES, req.params.type) ? PROBLEM_TYPES[req.params.type] : null;
+		if (!t) {
+			return sendProblem(res, new Problem(404, 'not-found', 'No such problem type.'));
+		}
+		res.type('text/plain').send(`${t.title}\n\n${t.doc}\n`);
+	});
+
+	app.use((req, res) => {
+		sendProblem(res, new Problem(404, 'not-found', `No route for ${req.method} ${req.path}.`));
+	});
+
+	// body parser errors (bad JSON, too large) and anything unexpected
+	// eslint-disable-next-line no-unused-vars
+	app.use((err, req, res, next) => {
+		if (err.type === 'entity.parse.failed') {
+			return sendProblem(res, new Problem(400, 'invalid-request', 'The request body is not valid JSON.'));
+		}
+		if (typeof err.status === 'number' && err.status >= 400 && err.status < 500) {
+			return sendProblem(res, new Problem(err.status, 'invalid-request', err.message));
+		}
+		log.error('unexpected error:', err);
+		return sendProblem(res, new Problem(500, 'internal-error', 'The server could not complete the request.'));
+	});
+
+	return app;
+}
+
+// idem_begin, retried on 40001 (SPEC §3: under REPEATABLE READ the snapshot
+// may not see a concurrent result; the retry replays it).  Autocommit
+// statements run in READ COMMITTED unless the database says otherwise.
+async function begin(claimPool, params) {
+	for (let attempt = 1; ; attempt++) {
+		try {
+			const { rows } = await claimPool.query(BEGIN_SQL, params);
+			return rows[0];
+		} catch (err) {
+			if (err.code !== '40001' || attempt >= SERIALIZATION_RETRIES) {
+				throw err;
+			}
+		}
+	}
+}
+
+function dbProblem(err, phase, log) {
+	const problem = problemFromDbError(err, phase)
+		?? new Problem(503, 'service-unavailable', 'Could not claim the Idempotency-Key; retry.',
+			{ headers: { 'Retry-After': '1' } });
+	if (problem.status >= 500) {
+		log.error(`idem_${phase} failed:`, err.code, err.message);
+	}
+	return problem;
+}
+
+// A stored response: {status, headers, body}.  A replay is the same
+// response plus Idempotent-Replayed: true.
+function sendStored(res, stored, replayed) {
+	for (const [name, value] of Object.entries(stored.headers ?? {})) {
+		res.set(name, value);
+	}
+	if (replayed) {
+		res.set('Idempotent-Replayed', 'true');
+	}
+	res.status(stored.status).type('application/json').send(JSON.stringify(stored.body));
+}
+
+const CURRENCY = /^[A-Z]{3}$/;
+const MAX_AMOUNT = 99_999_999_999; // minor units
+
+function validateCharge(body) {
+	if (body === null || typeof body !== 'object' || Array.isArray(body)) {
+		return { error: 'The request body must be a JSON object (Content-Type: application/json).' };
+	}
+	const { customer, amount, currency } = body;
+	if (typeof customer !== 'string' || customer.length === 0 || customer.length > 255) {
+		return { error: '"customer" must be a string of 1 to 255 characters.' };
+	}
+	if (!Number.isSafeInteger(amount) || amount <= 0 || amount > MAX_AMOUNT) {
+		return { error: `"amount" must be an integer from 1 to ${MAX_AMOUNT} (minor units, e.g. cents).` };
+	}
+	if (typeof currency !== 'string' || !CURRENCY.test(currency)) {
+		return { error: '"currency" must be an ISO 4217 code such as "EUR".' };
+	}
+	return { customer, amount, currency };
+}

@@ -1,0 +1,141 @@
+// Error responses: RFC 9457 problem details (application/problem+json), and
+// the mapping from the extension's SQLSTATEs to HTTP statuses (SPEC §3).
+//
+// The titles of the three Idempotency-Key problems are the ones the IETF
+// draft (draft-ietf-httpapi-idempotency-key-header, section 2.7) uses.  Each
+// problem type is a relative URI that this API serves as plain text, so a
+// client (or a person) can look it up.
+
+export const PROBLEM_TYPES = {
+	'idempotency-key-missing': {
+		title: 'Idempotency-Key is missing',
+		doc: 'POST /charges requires an Idempotency-Key header: a unique string of 1 to 255 ' +
+			'printable ASCII characters, sent as a quoted string, e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324". ' +
+			'Send the same key when you retry the same request.',
+	},
+	'idempotency-key-malformed': {
+		title: 'Idempotency-Key is malformed',
+		doc: 'The Idempotency-Key header must be one quoted string (RFC 8941 String) of 1 to 255 printable ASCII characters.',
+	},
+	'idempotency-key-reused': {
+		title: 'Idempotency-Key is already used',
+		doc: 'This operation is idempotent and it requires correct usage of Idempotency Key. ' +
+			'Idempotency Key MUST not be reused across different payloads of this operation. ' +
+			'The request fingerprint covers customer, amount and currency.',
+	},
+	'request-in-progress': {
+		title: 'A request is outstanding for this Idempotency-Key',
+		doc: 'A request with the same Idempotency-Key for the same operation is being processed or is outstanding. ' +
+			'Retry later with the same key to get its response.',
+	},
+	'invalid-request': {
+		title: 'Invalid request',
+		doc: 'POST /charges takes a JSON object {"customer": string, "amount": positive integer in minor units, "currency": ISO 4217 code}.',
+	},
+	'provider-unavailable': {
+		title: 'Payment provider unavailable',
+		doc: 'The payment provider did not confirm the charge. Nothing was stored for the Idempotency-Key: ' +
+			'retry with the same key.',
+	},
+	'not-found': {
+		title: 'Not found',
+		doc: 'No such resource.',
+	},
+	'internal-error': {
+		title: 'Internal error',
+		doc: 'The server could not complete the request.',
+	},
+	'service-unavailable': {
+		title: 'Service unavailable',
+		doc: 'The server cannot handle the request right now; retry it with the same Idempotency-Key.',
+	},
+};
+
+export class Problem extends Error {
+	// status: HTTP status; type: a key of PROBLEM_TYPES; detail: a sentence for
+	// this occurrence; extra: extension members; headers: response headers
+	constructor(status, type, detail, { extra = {}, headers = {} } = {}) {
+		super(detail);
+		this.status = status;
+		this.type = type;
+		this.detail = detail;
+		this.extra = extra;
+		this.headers = headers;
+	}
+
+	body() {
+		return {
+			type: `/problems/${this.type}`,
+			title: PROBLEM_TYPES[this.type].title,
+			status: this.status,
+			detail: this.detail,
+			...this.extra,
+		};
+	}
+}
+
+export function sendProblem(res, problem) {
+	for (const [name, value] of Object.entries(problem.headers)) {
+		res.set(name, value);
+	}
+	res.status(problem.status)
+		.type('application/problem+json')
+		.send(JSON.stringify(problem.body()));
+}
+
+// The DETAIL of IK422 is "Stored fingerprint: \x....  Request fingerprint:
+// \x...." (bytea output in hex: the pools set bytea_output = hex).  Returns
+// the two fingerprints as bare hex strings, stored first, or nulls.
+export function fingerprintsFromDetail(detail) {
+	const found = [...(detail ?? '').matchAll(/\\x([0-9a-f]*)|NULL/g)]
+		.map((m) => (m[0] === 'NULL' ? null : m[1]));
+	if (found.length !== 2) {
+		return { stored: null, request: null };
+	}
+	return { stored: found[0], request: found[1] };
+}
+
+// problemFromDbError(err, phase): SPEC §3's table, for an error raised by a
+// statement of the given phase ('begin', 'finish', 'abort').  Returns a
+// Problem, or null for 40001, which the caller retries.
+export function problemFromDbError(err, phase) {
+	switch (err.code) {
+	case 'IK409':
+		return new Problem(409, 'request-in-progress',
+			'A request with this Idempotency-Key is still being processed. Retry later with the same key.',
+			{ headers: { 'Retry-After': '1' } });
+	case '57014':
+		// statement_timeout ended our wait for the first attempt: it is
+		// still running (only idem_begin waits)
+		if (phase === 'begin') {
+			return new Problem(409, 'request-in-progress',
+				'A request with this Idempotency-Key has been running for longer than this server waits. Retry later with the same key.',
+				{ headers: { 'Retry-After': '1' } });
+		}
+		break;
+	case 'IK422': {
+		const fp = fingerprintsFromDetail(err.detail);
+		return new Problem(422, 'idempotency-key-reused',
+			'This Idempotency-Key was already used for a request with a different customer, amount or currency.',
+			{ extra: { stored_fingerprint: fp.stored, request_fingerprint: fp.request } });
+	}
+	case '22023':
+	case '22004':
+		return new Problem(400, 'invalid-request', `Invalid argument: ${err.message}.`);
+	case '40001':
+		return null;
+	case '25006':
+		return new Problem(503, 'service-unavailable', 'The database is read-only right now.',
+			{ headers: { 'Retry-After': '1' } });
+	case 'IK412':
+		// our claim lapsed and was taken over: the other attempt's response
+		// is the one that counts; we cannot store ours
+		return new Problem(500, 'internal-error',
+			'This attempt lost its claim on the Idempotency-Key before it could store its response. Retry with the same key.');
+	case '54000':
+		return new Problem(500, 'internal-error', 'The response is too large to store.');
+	default:
+		break;
+	}
+	return new Problem(500, 'internal-error', 'The server could not complete the request.');
+}

@@ -1,0 +1,68 @@
+// Entry point: `node server.js`.  The database comes from the usual libpq
+// environment (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE); the database
+// needs schema.sql.  Other settings, all optional:
+//
+//   PORT=3000 HOST=127.0.0.1     where to listen
+//   IN_FLIGHT=wait|raise         a retry of a running request waits for its
+//                                response (default) or gets 409 at once
+//   LEASE='30 s'                 lease of a claim (longer than the slowest
+//                                honest provider call)
+//   WAIT_TIMEOUT_MS=10000        longest a retry waits for a running request
+//                                before it gets 409 (statement_timeout)
+//   PROVIDER_DELAY_MS=300        the simulated provider's latency
+//   PROVIDER_FLAKY_CUSTOMERS=a,b customers whose first call per key times out
+
+import pg from 'pg';
+
+import { createApp } from './app.js';
+import { createProvider } from './provider.js';
+
+const env = process.env;
+const port = Number(env.PORT ?? 3000);
+const host = env.HOST ?? '127.0.0.1';
+const inFlight = env.IN_FLIGHT ?? 'wait';
+const lease = env.LEASE ?? '30 s';
+const waitTimeoutMs = Number(env.WAIT_TIMEOUT_MS ?? 10000);
+
+if (inFlight !== 'wait' && inFlight !== 'raise') {
+	console.error(`IN_FLIGHT must be "wait" or "raise", not ${JSON.stringify(inFlight)}`);
+	process.exit(2);
+}
+
+// bytea_output = hex: the IK422 DETAIL carries the fingerprints in hex
+const options = '-c bytea_output=hex';
+const claimPool = new pg.Pool({
+	max: 10, options, application_name: 'payments-api claims', statement_timeout: waitTimeoutMs,
+});
+const pool = new pg.Pool({ max: 10, options, application_name: 'payments-api' });
+const providerPool = new pg.Pool({ max: 10, application_name: 'simulated provider' });
+for (const p of [claimPool, pool, providerPool]) {
+	// an idle connection that breaks (server restart) must not kill the process
+	p.on('error', (err) => console.error('idle connection error:', err.message));
+}
+
+const provider = createProvider({
+	pool: providerPool,
+	delayMs: Number(env.PROVIDER_DELAY_MS ?? 300),
+	flakyCustomers: (env.PROVIDER_FLAKY_CUSTOMERS ?? '').split(',').filter(Boolean),
+});
+
+const app = createApp({ claimPool, pool, provider, inFlight, lease });
+
+const server = app.listen(port, host, (err) => {
+	if (err) {
+		console.error(`cannot listen on ${host}:${port}: ${err.message}`);
+		process.exit(1);
+	}
+	console.log(`payments-api listening on http://${host}:${port} (in_flight=${inFlight}, lease=${lease})`);
+});
+
+function shutdown() {
+	server.close(() => {
+		Promise.all([claimPool.end(), pool.end(), providerPool.end()]).finally(() => process.exit(0));
+	});
+	// requests still waiting on a claim do not hold us up for long
+	setTimeout(() => process.exit(0), 2000).unref();
+}
+process.on('SIGTERM', shutdown);
+process.on('SIGINT', shutdown);
