@@ -109,8 +109,7 @@ export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease 
 		};
 		let stored;
 		try {
-			const { rows } = await pool.query(FINISH_SQL, [OPERATION, key, claim.token, response]);
-			stored = rows[0].response;
+			stored = await finish(pool, [OPERATION, key, claim.token, response]);
 		} catch (err) {
 			// IK412: our lease lapsed and another attempt took the key over.
 			// The charge was made; say so loudly, the operator must look.
@@ -184,6 +183,28 @@ async function begin(claimPool, params) {
 			}
 		}
 	}
+}
+
+// idem_finish, retried when the database was briefly unreachable: the
+// charge has been made, and a claim left pending would make the next retry
+// wait out the lease and then charge again.
+async function finish(pool, params) {
+	for (let attempt = 1; ; attempt++) {
+		try {
+			const { rows } = await pool.query(FINISH_SQL, params);
+			return rows[0].response;
+		} catch (err) {
+			if (!isTransient(err) || attempt >= 5) {
+				throw err;
+			}
+			await new Promise((resolve) => setTimeout(resolve, 100 * attempt));
+		}
+	}
+}
+
+// connection failures, too many connections, server shutting down
+function isTransient(err) {
+	return err.code === undefined || /^(08|53|57P)/.test(err.code);
 }
 
 function dbProblem(err, phase, log) {

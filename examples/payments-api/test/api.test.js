@@ -147,6 +147,32 @@ async function chargesFor(key) {
 	return rows;
 }
 
+// The state of the key's record (idem_inspect), once there is one: polls
+// for up to 3 s; null if none appeared.
+async function claimState(key) {
+	return (await claimStates([key]))[0];
+}
+
+// The states of several keys' records, read by one statement (one
+// snapshot), once every key has one; nulls after 3 s without.
+async function claimStates(keys) {
+	const deadline = performance.now() + 3000;
+	for (;;) {
+		const { rows } = await db.query(
+			`SELECT k.ord, i.state
+			   FROM unnest($1::text[]) WITH ORDINALITY AS k(key, ord),
+			        LATERAL idem_inspect('payment.charge', k.key) AS i
+			  ORDER BY k.ord`, [keys]);
+		if (rows.length === keys.length) {
+			return rows.map((r) => r.state);
+		}
+		if (performance.now() > deadline) {
+			return keys.map(() => null);
+		}
+		await sleep(5);
+	}
+}
+
 async function fingerprintHex(customer, amount, currency) {
 	const { rows } = await db.query(
 		`SELECT encode(idem_fingerprint($1::text, $2::bigint, $3::text), 'hex') AS fp`,
@@ -197,6 +223,13 @@ before(async () => {
 		startApi({}),
 		startApi({ IN_FLIGHT: 'raise' }),
 	]);
+	// Warm up: the first fetch() of a process loads its HTTP client, which
+	// can take longer than the 50 ms the first test gives a request.  These
+	// requests charge nothing.
+	for (const api of [waitApi, raiseApi]) {
+		assert.equal((await fetch(`${api}/problems/request-in-progress`)).status, 200);
+		assert.equal((await post(api, { body: {} })).status, 400);
+	}
 });
 
 after(async () => {
@@ -224,8 +257,11 @@ test('a client times out after 50 ms and retries while the first charge runs: on
 	const t0 = performance.now();
 	await assert.rejects(post(waitApi, { key, body, timeoutMs: 50 }),
 		(err) => err.name === 'TimeoutError');
-	const retriedAt = performance.now();
-	assert.ok(retriedAt - t0 < PROVIDER_DELAY_MS, 'the retry must start while the first charge is still running');
+	// The scenario needs the first attempt to hold the key when the retry
+	// arrives.  It normally does by now; on a slow machine it may still be
+	// connecting, so wait until its claim is committed.
+	assert.equal(await claimState(key), 'pending',
+		'the first attempt holds the key (pending: it is at the provider) when the retry is sent');
 
 	// the retry, same key: it waits for the first attempt and gets its result
 	const retry = await post(waitApi, { key, body });
@@ -268,15 +304,15 @@ test('in_flight raise: a duplicate of a running request gets 409 at once; after 
 	const key = newKey('raise');
 	const body = { customer: 'cus_carol', amount: 700, currency: 'GBP' };
 	const first = post(raiseApi, { key, body });
-	await sleep(100);
+	assert.equal(await claimState(key), 'pending', 'the first request holds the key');
 	const dup = await post(raiseApi, { key, body });
 	assertProblem(dup, 409, 'request-in-progress');
 	assert.equal(dup.json.title, 'A request is outstanding for this Idempotency-Key');
 	assert.equal(dup.headers.get('retry-after'), '1');
-	assert.ok(dup.ms < PROVIDER_DELAY_MS - 100, `409 must come at once, took ${Math.round(dup.ms)} ms`);
 
 	const original = await first;
 	assertCharge(original, body);
+	assert.ok(dup.doneAt < original.doneAt, 'the 409 came at once, before the first request finished');
 	assert.equal(original.headers.get('idempotent-replayed'), null);
 	const later = await post(raiseApi, { key, body });
 	assert.equal(later.headers.get('idempotent-replayed'), 'true');
@@ -403,14 +439,16 @@ test('errors are not cached: the provider times out, the retry charges once', as
 test('a key is not a resource lock: two keys for one customer charge in parallel', async () => {
 	const body = { customer: 'cus_hank', amount: 150, currency: 'EUR' };
 	const [k1, k2] = [newKey('parallel'), newKey('parallel')];
-	const t0 = performance.now();
-	const [a, b] = await Promise.all([post(waitApi, { key: k1, body }), post(waitApi, { key: k2, body })]);
-	const elapsed = performance.now() - t0;
+	const requests = Promise.all([post(waitApi, { key: k1, body }), post(waitApi, { key: k2, body })]);
+	// both claims are held at the same time: neither waits for the other
+	assert.deepEqual(await claimStates([k1, k2]), ['pending', 'pending'],
+		'the two keys are claimed at the same time');
+	const [a, b] = await requests;
 	assertCharge(a, body);
 	assertCharge(b, body);
 	assert.notEqual(a.json.id, b.json.id);
-	assert.ok(elapsed < 2 * PROVIDER_DELAY_MS - 50,
-		`two 300 ms charges took ${Math.round(elapsed)} ms: they were serialised`);
+	assert.equal(a.headers.get('idempotent-replayed'), null);
+	assert.equal(b.headers.get('idempotent-replayed'), null);
 	assert.equal((await chargesFor(k1)).length, 1);
 	assert.equal((await chargesFor(k2)).length, 1);
 });
@@ -429,8 +467,8 @@ test('in total: one charge per request that succeeded, none for the others', asy
 	// invalid-body 1, flaky 1, parallel 2
 	const { rows } = await db.query('SELECT count(*)::int AS n, count(DISTINCT provider_key)::int AS keys FROM charges');
 	assert.deepEqual(rows[0], { n: 12, keys: 12 });
-	// and every key's record is completed (no claim left pending)
-	const pending = await db.query(
-		`SELECT count(*)::int AS n FROM idem_record WHERE operation = 'payment.charge' AND completed_at IS NULL`);
-	assert.equal(pending.rows[0].n, 0);
+	// one completed record per charge, no claim left pending
+	const stats = await db.query(
+		`SELECT pending::int, lapsed::int, completed::int FROM idem_stats WHERE operation = 'payment.charge'`);
+	assert.deepEqual(stats.rows, [{ pending: 0, lapsed: 0, completed: 12 }]);
 });
