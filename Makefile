@@ -3,7 +3,8 @@
 
 EXTENSION = idempotency
 MODULE_big = idempotency
-OBJS = $(patsubst %.c,%.o,$(wildcard src/*.c))
+# $(srcdir) keeps out-of-tree (VPATH) builds, as pg_buildext does them, working
+OBJS = $(patsubst $(srcdir)/%.c,%.o,$(wildcard $(srcdir)/src/*.c))
 DATA = $(wildcard sql/idempotency--*.sql)
 PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
 
