@@ -326,6 +326,8 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 			}
 			if (IdemRecordIsPending(rec))
 				idem_count(IDEM_COUNT_TAKEOVERS, 1);
+			/* sleepers on the lapsed claim: wait for our transaction now */
+			idem_wake_waiters(key);
 		}
 		idem_unlock_key(key);
 		*rec = claim;
@@ -437,10 +439,13 @@ typedef enum ClaimAction
  * changing nothing, when the token does not hold the key.  *rec is the
  * record as written.
  *
- * A claim made in this very transaction cannot be touched by anyone else
- * until we commit, and nobody sleeps on it but on our transaction lock: it
- * needs neither the key lock nor a wake-up.  A committed claim may have
- * waiters; the key lock orders us with them and they are woken.
+ * A committed claim may have sleepers (locks.c); the key lock orders us
+ * with them and they are woken, to find our uncommitted version and wait
+ * on our transaction lock instead.  So a version this transaction wrote --
+ * its own claim, or one it already renewed -- has no sleepers and cannot be
+ * touched by anyone else until we commit: it needs neither the key lock
+ * nor a wake-up.  Every write over a committed version keeps that true by
+ * waking the sleepers.
  */
 static bool
 act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
@@ -501,8 +506,8 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 
 		if (locked)
 		{
-			if (action != CLAIM_RENEW)
-				idem_wake_waiters(key);
+			/* a renew wakes them too: their sleep ends at the old lease end */
+			idem_wake_waiters(key);
 			idem_unlock_key(key);
 		}
 		return true;
