@@ -27,7 +27,9 @@ CREATE UNLOGGED TABLE @extschema@.idem_record (
 	CONSTRAINT idem_record_pkey PRIMARY KEY (role_id, operation, key)
 );
 REVOKE ALL ON @extschema@.idem_record FROM PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_record', '');
+-- unqualified: CREATE EXTENSION puts the target schema first in search_path,
+-- and @extschema@ must never appear inside quotes
+SELECT pg_catalog.pg_extension_config_dump('idem_record', '');
 
 COMMENT ON TABLE @extschema@.idem_record IS
 	'Idempotency records, namespaced by role. Read and written only through the idem_* functions.';
@@ -42,7 +44,7 @@ COMMENT ON TABLE @extschema@.idem_record IS
  */
 CREATE SEQUENCE @extschema@.idem_token_seq AS pg_catalog.int8 NO CYCLE;
 REVOKE ALL ON SEQUENCE @extschema@.idem_token_seq FROM PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_token_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('idem_token_seq', '');
 
 CREATE TYPE @extschema@.idem_claim AS (
 	status		pg_catalog.text,

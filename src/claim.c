@@ -385,7 +385,7 @@ idem_begin(PG_FUNCTION_ARGS)
 
 	PreventCommandIfReadOnly("idem_begin()");
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
 	status = claim_begin(&store, &key, fingerprint, policy, lease, &ttl, &rec,
 						 &waited_since);
 	idem_store_close(&store);
@@ -547,7 +547,7 @@ idem_finish(PG_FUNCTION_ARGS)
 
 	PreventCommandIfReadOnly("idem_finish()");
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
 	held = act_on_claim(&store, &key, token, CLAIM_FINISH, response, 0, &rec);
 	idem_store_close(&store);
 
@@ -570,7 +570,7 @@ idem_abort(PG_FUNCTION_ARGS)
 
 	PreventCommandIfReadOnly("idem_abort()");
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
 	held = act_on_claim(&store, &key, token, CLAIM_ABORT, NULL, 0, &rec);
 	idem_store_close(&store);
 
@@ -607,7 +607,7 @@ idem_renew(PG_FUNCTION_ARGS)
 
 	PreventCommandIfReadOnly("idem_renew()");
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
 	held = act_on_claim(&store, &key, token, CLAIM_RENEW, NULL, lease, &rec);
 	idem_store_close(&store);
 

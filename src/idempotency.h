@@ -25,6 +25,7 @@
 #include "fmgr.h"
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
+#include "storage/lockdefs.h"
 #include "utils/relcache.h"
 
 /* SQLSTATEs of contract 1.0 (the standard ones come from errcodes.h) */
@@ -96,7 +97,7 @@ typedef struct IdemRecord
 
 #define IdemRecordIsPending(rec)	((rec)->response == NULL)
 
-extern void idem_store_open(IdemStore *store, Oid fn_oid);
+extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode);
 extern void idem_store_close(IdemStore *store);
 extern bool idem_store_fetch(IdemStore *store, const IdemKey *key,
 							 IdemRecord *rec);

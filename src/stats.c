@@ -198,7 +198,7 @@ idem_stats_records(PG_FUNCTION_ARGS)
 	st.tupdesc = rsinfo->setDesc;
 	st.now = GetCurrentTimestamp();
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
 	idem_store_scan_role(&store, GetUserId(), count_record, &st);
 	idem_store_close(&store);
 	emit_group(&st);
@@ -220,7 +220,7 @@ idem_inspect(PG_FUNCTION_ARGS)
 	idem_key_from_args(fcinfo, &key);
 	InitMaterializedSRF(fcinfo, 0);
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
 	found = idem_store_fetch(&store, &key, &rec);
 	idem_store_close(&store);
 

@@ -107,14 +107,27 @@ idem_store_relid(Oid fn_oid)
 	return record_relid;
 }
 
+/*
+ * Open the table and its index: RowExclusiveLock to write, AccessShareLock
+ * to only read (which also works on a standby).
+ */
 void
-idem_store_open(IdemStore *store, Oid fn_oid)
+idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 {
 	if (!OidIsValid(record_relid))
 		lookup_relids(fn_oid);
 
-	store->heap = table_open(record_relid, RowExclusiveLock);
-	store->index = index_open(record_indexid, RowExclusiveLock);
+	store->heap = table_open(record_relid, lockmode);
+
+	/* an unlogged table has no data on a standby: say so, not "no file" */
+	if (store->heap->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
+		RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idempotency records cannot be read during recovery"),
+				 errdetail("The record table is unlogged: it is not replicated to standbys."),
+				 errhint("Read them on the primary, or make the table logged there with idem_set_logged(true).")));
+	store->index = index_open(record_indexid, lockmode);
 	store->index_info = NULL;
 	store->token_seq = token_seqid;
 }
