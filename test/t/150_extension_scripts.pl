@@ -273,7 +273,10 @@ for my $file (@scripts)
 	  or diag(join("\n", map { "line $_->{line}: $_->{text}" } @quoted)
 		  . "\n(CVE-2023-39417: a schema name substituted inside a quoting construct can end it;"
 		  . "\n for pg_extension_config_dump pass the unqualified name, e.g. 'idem_record',"
-		  . "\n which the script's search_path resolves to the extension's schema)");
+		  . "\n which the script's search_path resolves to the extension's schema."
+		  . "\n CREATE EXTENSION substitutes comments too, and the server only rejects"
+		  . "\n schema names containing \" \$ ' \\: a newline in the name ends a -- comment,"
+		  . "\n */ ends a /* */ one, and the rest of the name runs as SQL.)");
 
 	# ---- rule 2
 	my (@or_replace, @if_not_exists);
