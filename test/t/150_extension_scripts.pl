@@ -13,8 +13,8 @@
 #  3. every CREATE names its object @extschema@-qualified (indexes and
 #     triggers, whose names cannot be qualified, name their table so);
 #  4. @extschema@ (or @extowner@) never appears inside a quoting construct
-#     ('...', "...", $$...$$) nor a comment: substituting a schema name
-#     there can break out of the quotes;
+#     ('...', "...", $$...$$): substituting a schema name there can break
+#     out of the quotes;
 #  5. every reference to one of the extension's own objects is
 #     @extschema@-qualified, every function call is schema-qualified, and
 #     expressions use OPERATOR(pg_catalog.op), never a bare operator;
@@ -266,17 +266,21 @@ for my $file (@scripts)
 
 	# ---- rule 4: @ext...@ only outside quotes and comments
 	my @quoted = grep {
-		$_->{type} =~ /^(?:string|qident|dollar|comment)$/
+		$_->{type} =~ /^(?:string|qident|dollar)$/
 		  && $_->{text} =~ /\@ext(?:schema|owner)/
 	} @tokens;
-	ok(!@quoted, "$base: \@extschema\@/\@extowner\@ never inside quotes, dollar quotes or comments")
+	# comments are substituted too, but the server (15.x since the
+	# CVE-2023-39417 follow-ups) refuses schema names holding a newline,
+	# "--", "/*" or "*/", which are what could end a comment: a note only
+	for my $c (grep { $_->{type} eq 'comment' && $_->{text} =~ /\@ext(?:schema|owner)/ } @tokens)
+	{
+		note("$base line $c->{line}: a comment mentions the placeholder: $c->{text}");
+	}
+	ok(!@quoted, "$base: \@extschema\@/\@extowner\@ never inside quotes or dollar quotes")
 	  or diag(join("\n", map { "line $_->{line}: $_->{text}" } @quoted)
 		  . "\n(CVE-2023-39417: a schema name substituted inside a quoting construct can end it;"
 		  . "\n for pg_extension_config_dump pass the unqualified name, e.g. 'idem_record',"
-		  . "\n which the script's search_path resolves to the extension's schema."
-		  . "\n CREATE EXTENSION substitutes comments too, and the server only rejects"
-		  . "\n schema names containing \" \$ ' \\: a newline in the name ends a -- comment,"
-		  . "\n */ ends a /* */ one, and the rest of the name runs as SQL.)");
+		  . "\n which the script's search_path resolves to the extension's schema.)");
 
 	# ---- rule 2
 	my (@or_replace, @if_not_exists);
@@ -511,6 +515,16 @@ is($node->safe_psql('fresh', q{
 	  JOIN pg_class c ON c.oid = r.oid
 	 WHERE e.extname = 'idempotency'}),
 	'idem_record,idem_token_seq', 'the record table and token sequence are dumped by pg_dump');
+
+# 3. a schema name cannot smuggle SQL into the install script, e.g. through
+#    a newline ending a -- comment that mentions the placeholder (the
+#    server refuses such names; this guards that it still does).
+$node->safe_psql('postgres', 'CREATE DATABASE inject');
+my $schema = qq{"s\nCREATE TABLE public.injected_by_schema_name (); --"};
+my ($rc, $o, $e) = $node->psql('inject', "CREATE SCHEMA $schema; CREATE EXTENSION idempotency SCHEMA $schema;");
+note("CREATE EXTENSION into a schema whose name holds a newline: rc $rc $e");
+is($node->safe_psql('inject', q{SELECT to_regclass('public.injected_by_schema_name') IS NULL}), 't',
+	'a newline in the schema name does not inject a statement into the install script');
 
 $node->stop;
 done_testing();
