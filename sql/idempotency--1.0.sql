@@ -28,7 +28,7 @@ CREATE UNLOGGED TABLE @extschema@.idem_record (
 );
 REVOKE ALL ON @extschema@.idem_record FROM PUBLIC;
 -- unqualified: CREATE EXTENSION puts the target schema first in search_path,
--- and @extschema@ must never appear inside quotes
+-- and the schema placeholder must never appear inside quotes
 SELECT pg_catalog.pg_extension_config_dump('idem_record', '');
 
 COMMENT ON TABLE @extschema@.idem_record IS

@@ -27,6 +27,7 @@
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 #include "utils/varlena.h"
 
 #include "idempotency.h"
@@ -106,10 +107,18 @@ purge_one_batch(void)
 	return deleted;
 }
 
+/* when the next purge is due; the interval may change with a reload */
+static TimestampTz
+next_purge_after(TimestampTz last_run)
+{
+	return TimestampTzPlusMilliseconds(last_run, (int64) idem_purge_interval_s * 1000);
+}
+
 void
 idem_purge_worker_main(Datum arg)
 {
 	char		dbname[BGW_EXTRALEN];
+	TimestampTz last_run;
 
 	strlcpy(dbname, MyBgworkerEntry->bgw_extra, sizeof(dbname));
 
@@ -118,13 +127,24 @@ idem_purge_worker_main(Datum arg)
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnection(dbname, NULL, 0);
 
+	last_run = GetCurrentTimestamp();
 	for (;;)
 	{
-		(void) WaitLatch(MyLatch,
-						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 (long) idem_purge_interval_s * 1000L,
-						 PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
+		long		sleep_ms;
+
+		/*
+		 * The latch is also set by reloads and by catch-up on shared
+		 * invalidations: only the clock decides when to purge.
+		 */
+		sleep_ms = (long) ((next_purge_after(last_run) - GetCurrentTimestamp() + 999) / 1000);
+		if (sleep_ms > 0)
+		{
+			(void) WaitLatch(MyLatch,
+							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 sleep_ms,
+							 PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+		}
 		CHECK_FOR_INTERRUPTS();
 
 		if (ConfigReloadPending)
@@ -132,6 +152,8 @@ idem_purge_worker_main(Datum arg)
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 		}
+		if (GetCurrentTimestamp() < next_purge_after(last_run))
+			continue;
 
 		/* batch after batch until one comes back short */
 		for (;;)
@@ -142,5 +164,6 @@ idem_purge_worker_main(Datum arg)
 				break;
 			CHECK_FOR_INTERRUPTS();
 		}
+		last_run = GetCurrentTimestamp();
 	}
 }

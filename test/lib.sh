@@ -171,6 +171,8 @@ missing_packages() {
 		echo perl
 	fi
 	perl -MIPC::Run -e1 >/dev/null 2>&1 || echo libipc-run-perl
+	# the connection-pooler TAP test starts its own pgbouncer
+	command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]] || echo pgbouncer
 	# commands a mode needs besides: "command:package" pairs
 	local need
 	for need in ${EXTRA_COMMANDS:-}; do

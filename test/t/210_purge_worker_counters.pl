@@ -107,6 +107,25 @@ is($node->safe_psql('postgres',
 		'SELECT waits = 1 AND wait_time_ms >= 900 AND replays = 2 FROM idem_stats_counters'),
 	't', 'the wait and its duration are counted');
 
+# --- the worker purges by the clock, not whenever its latch is set -----------
+
+$node->safe_psql('postgres', q{
+	ALTER SYSTEM SET idempotency.purge_interval = '1h';
+	SELECT pg_reload_conf();
+});
+sleep(2);    # let a cycle begun under the old interval finish
+$node->safe_psql('postgres', q{
+	SELECT count(*) FROM generate_series(1, 5) g,
+		LATERAL idem_begin('by-the-clock', g::text, NULL, lease => '1 ms');
+	SELECT pg_reload_conf();
+	CREATE TABLE churn (i int); DROP TABLE churn;
+	SELECT pg_reload_conf();
+});
+sleep(2);
+is($node->safe_psql('postgres',
+		"SELECT count(*) FROM idem_record WHERE operation = 'by-the-clock'"),
+	'5', 'reloads and invalidations do not trigger a purge before the interval');
+
 $node->stop;
 
 # --- without preloading ----------------------------------------------------
