@@ -24,52 +24,11 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
 
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest;
+
 # ---- a psql session driven statement by statement ----
-
-# Start $sql in session $s without waiting for it to finish.
-sub send_sql
-{
-	my ($s, $sql) = @_;
-	$s->{stdout} = '';
-	$s->{stderr} = '';
-	$s->{stdin} .= "$sql\n\\echo __done__ :SQLSTATE\n\\warn __done__\n";
-	$s->{run}->pump_nb;
-	return;
-}
-
-# Has the statement started by send_sql finished?
-sub sql_done
-{
-	my ($s) = @_;
-	$s->{run}->pump_nb;
-	return $s->{stdout} =~ /__done__/;
-}
-
-# Wait for the statement started by send_sql: (output, sqlstate, stderr)
-sub wait_sql
-{
-	my ($s) = @_;
-	my $timer = IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default);
-	$timer->start;
-	until ($s->{stdout} =~ /__done__ \w+\n/ && $s->{stderr} =~ /__done__\n/)
-	{
-		die "timed out waiting for psql: $s->{stdout} $s->{stderr}"
-		  if $timer->is_expired;
-		die "psql exited: $s->{stdout} $s->{stderr}"
-		  unless $s->{run}->pumpable;
-		$s->{run}->pump;
-	}
-	my ($out, $state) = $s->{stdout} =~ /^(.*?)\n?__done__ (\w+)\n/s;
-	(my $err = $s->{stderr}) =~ s/__done__\n//;
-	return ($out, $state, $err);
-}
-
-sub run_sql
-{
-	my ($s, $sql) = @_;
-	send_sql($s, $sql);
-	return wait_sql($s);
-}
 
 # Wait until the session's psql has exited (its backend is gone); stderr.
 sub wait_gone

@@ -33,11 +33,14 @@
 use strict;
 use warnings;
 
-use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
+
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest;
 
 # ---- helpers ----
 
@@ -51,49 +54,6 @@ sub try_sql
 	return ('00000', $out, $err) if $rc == 0;
 	my ($state) = $err =~ /(?:ERROR|FATAL|PANIC):\s+([0-9A-Z]{5}):/;
 	return ($state // "rc=$rc", $out, $err);
-}
-
-# a psql session driven statement by statement
-sub send_sql
-{
-	my ($s, $sql) = @_;
-	$s->{stdout} = '';
-	$s->{stderr} = '';
-	$s->{stdin} .= "$sql\n\\echo __done__ :SQLSTATE\n\\warn __done__\n";
-	$s->{run}->pump_nb;
-	return;
-}
-
-sub sql_done
-{
-	my ($s) = @_;
-	$s->{run}->pump_nb;
-	return $s->{stdout} =~ /__done__/;
-}
-
-sub wait_sql
-{
-	my ($s) = @_;
-	my $timer = IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default);
-	$timer->start;
-	until ($s->{stdout} =~ /__done__ \w+\n/ && $s->{stderr} =~ /__done__\n/)
-	{
-		die "timed out waiting for psql: $s->{stdout} $s->{stderr}"
-		  if $timer->is_expired;
-		die "psql exited: $s->{stdout} $s->{stderr}"
-		  unless $s->{run}->pumpable;
-		$s->{run}->pump;
-	}
-	my ($out, $state) = $s->{stdout} =~ /^(.*?)\n?__done__ (\w+)\n/s;
-	(my $err = $s->{stderr}) =~ s/__done__\n//;
-	return ($out, $state, $err);
-}
-
-sub run_sql
-{
-	my ($s, $sql) = @_;
-	send_sql($s, $sql);
-	return wait_sql($s);
 }
 
 my $fp = q{'\x0102'::bytea};

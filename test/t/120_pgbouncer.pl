@@ -31,6 +31,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time sleep);
 
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest;
+
 my ($pgbouncer) = grep { defined $_ && -x $_ } (
 	$ENV{PGBOUNCER},
 	(map { "$_/pgbouncer" } split(/:/, $ENV{PATH} // '')),
@@ -39,50 +43,6 @@ if (!$pgbouncer)
 {
 	plan skip_all => 'pgbouncer is not installed (Debian: apt-get install pgbouncer); '
 	  . 'set PGBOUNCER=/path/to/pgbouncer to use another one';
-}
-
-# ---- helpers: a psql session driven statement by statement ----
-
-sub send_sql
-{
-	my ($s, $sql) = @_;
-	$s->{stdout} = '';
-	$s->{stderr} = '';
-	$s->{stdin} .= "$sql\n\\echo __done__ :SQLSTATE\n\\warn __done__\n";
-	$s->{run}->pump_nb;
-	return;
-}
-
-sub sql_done
-{
-	my ($s) = @_;
-	$s->{run}->pump_nb;
-	return $s->{stdout} =~ /__done__/;
-}
-
-sub wait_sql
-{
-	my ($s) = @_;
-	my $timer = IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default);
-	$timer->start;
-	until ($s->{stdout} =~ /__done__ \w+\n/ && $s->{stderr} =~ /__done__\n/)
-	{
-		die "timed out waiting for psql: $s->{stdout} $s->{stderr}"
-		  if $timer->is_expired;
-		die "psql exited: $s->{stdout} $s->{stderr}"
-		  unless $s->{run}->pumpable;
-		$s->{run}->pump;
-	}
-	my ($out, $state) = $s->{stdout} =~ /^(.*?)\n?__done__ (\w+)\n/s;
-	(my $err = $s->{stderr}) =~ s/__done__\n//;
-	return ($out, $state, $err);
-}
-
-sub run_sql
-{
-	my ($s, $sql) = @_;
-	send_sql($s, $sql);
-	return wait_sql($s);
 }
 
 # ---- the server ----
