@@ -190,7 +190,7 @@ sub check_common
 		'0', "$label: no pending record has an effect row of its own token");
 	is(sql($db, q{
 		SELECT count(*) FROM pg_locks
-		 WHERE locktype = 'advisory' AND objsubid IN (18763, 19532)}),
+		 WHERE locktype = 'advisory' AND objsubid IN (18763, 18764)}),
 		'0', "$label: no idempotency lock is held");
 	return;
 }

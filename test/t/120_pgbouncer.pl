@@ -133,7 +133,7 @@ sub hold_both
 sub idem_locks
 {
 	return $node->safe_psql('postgres', q{
-		SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid IN (18763, 19532)});
+		SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid IN (18763, 18764)});
 }
 
 # Run $sql (which must return pg_backend_pid() first) through $client on
