@@ -458,7 +458,7 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 		TimestampTz now;
 		TM_Result	result;
 
-		if (!idem_store_fetch(store, key, rec))
+		if (!idem_store_fetch_claim(store, key, token, rec))
 			break;
 		if (TransactionIdIsValid(rec->busy_xid))
 		{

@@ -101,6 +101,8 @@ extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode);
 extern void idem_store_close(IdemStore *store);
 extern bool idem_store_fetch(IdemStore *store, const IdemKey *key,
 							 IdemRecord *rec);
+extern bool idem_store_fetch_claim(IdemStore *store, const IdemKey *key,
+								   int64 token, IdemRecord *rec);
 extern int64 idem_store_next_token(IdemStore *store);
 extern void idem_store_insert(IdemStore *store, const IdemKey *key,
 							  const IdemRecord *rec);

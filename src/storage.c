@@ -57,6 +57,8 @@
  * OIDs of the extension's objects, looked up once per backend.  A relcache
  * invalidation of the table (DROP EXTENSION, for one) forgets them.
  */
+static void token_wal_callback(XactEvent event, void *arg);
+
 static Oid	record_relid = InvalidOid;
 static Oid	record_indexid = InvalidOid;
 static Oid	token_seqid = InvalidOid;
@@ -73,6 +75,7 @@ void
 idem_store_init(void)
 {
 	CacheRegisterRelcacheCallback(forget_relids, (Datum) 0);
+	RegisterXactCallback(token_wal_callback, NULL);
 }
 
 /*
@@ -114,10 +117,21 @@ idem_store_relid(Oid fn_oid)
 void
 idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 {
+	Oid			relid,
+				indexid;
+
 	if (!OidIsValid(record_relid))
 		lookup_relids(fn_oid);
 
-	store->heap = table_open(record_relid, lockmode);
+	/*
+	 * Opening the table processes invalidations, which may reset the cached
+	 * OIDs (an ANALYZE of the table does): use copies.
+	 */
+	relid = record_relid;
+	indexid = record_indexid;
+	store->token_seq = token_seqid;
+
+	store->heap = table_open(relid, lockmode);
 
 	/* an unlogged table has no data on a standby: say so, not "no file" */
 	if (store->heap->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
@@ -127,9 +141,8 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 				 errmsg("idempotency records cannot be read during recovery"),
 				 errdetail("The record table is unlogged: it is not replicated to standbys."),
 				 errhint("Read them on the primary, or make the table logged there with idem_set_logged(true).")));
-	store->index = index_open(record_indexid, lockmode);
+	store->index = index_open(indexid, lockmode);
 	store->index_info = NULL;
-	store->token_seq = token_seqid;
 }
 
 void
@@ -137,6 +150,66 @@ idem_store_close(IdemStore *store)
 {
 	index_close(store->index, NoLock);
 	table_close(store->heap, NoLock);
+}
+
+/* The claim this backend inserted last (see idem_store_fetch_claim) */
+static struct
+{
+	Oid			relid;
+	Oid			role;
+	int64		token;
+	ItemPointerData tid;
+}			last_claim;
+
+static bool
+text_equal(Datum a, const text *b)
+{
+	text	   *t = DatumGetTextPP(a);
+
+	return VARSIZE_ANY_EXHDR(t) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(t), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b)) == 0;
+}
+
+static bool
+slot_matches_key(TupleTableSlot *slot, const IdemKey *key)
+{
+	bool		isnull;
+
+	return DatumGetObjectId(slot_getattr(slot, Anum_role_id, &isnull)) == key->role &&
+		text_equal(slot_getattr(slot, Anum_operation, &isnull), key->operation) &&
+		text_equal(slot_getattr(slot, Anum_key, &isnull), key->key);
+}
+
+/*
+ * Fill *rec from a version the dirty snapshot accepted, and say who is
+ * working on it (see idem_store_fetch).
+ */
+static void
+record_from_slot(IdemStore *store, TupleTableSlot *slot, Snapshot dirty,
+				 IdemRecord *rec)
+{
+	HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
+	TransactionId xmin = HeapTupleHeaderGetXmin(tuple->t_data);
+	bool		isnull;
+	Datum		d;
+
+	rec->tid = slot->tts_tid;
+	rec->uncommitted = TransactionIdIsValid(dirty->xmin);
+	rec->busy_xid = rec->uncommitted ? dirty->xmin : dirty->xmax;
+	rec->mine = TransactionIdIsCurrentTransactionId(xmin);
+	rec->in_snapshot = !IsolationUsesXactSnapshot() || rec->mine ||
+		table_tuple_satisfies_snapshot(store->heap, slot, GetActiveSnapshot());
+
+	rec->token = DatumGetInt64(slot_getattr(slot, Anum_token, &isnull));
+	d = slot_getattr(slot, Anum_fingerprint, &isnull);
+	rec->fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
+	rec->ttl = *DatumGetIntervalP(slot_getattr(slot, Anum_ttl, &isnull));
+	rec->created_at = DatumGetTimestampTz(slot_getattr(slot, Anum_created_at, &isnull));
+	d = slot_getattr(slot, Anum_completed_at, &isnull);
+	rec->completed_at = isnull ? 0 : DatumGetTimestampTz(d);
+	rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_expires_at, &isnull));
+	d = slot_getattr(slot, Anum_response, &isnull);
+	rec->response = isnull ? NULL : DatumGetJsonbPCopy(d);
 }
 
 /*
@@ -180,40 +253,45 @@ idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 	 * At most one version of a key is live at a time (all writers hold the
 	 * key lock), so the first tuple the dirty snapshot accepts is the one.
 	 */
-	if (index_getnext_slot(scan, ForwardScanDirection, slot))
-	{
-		HeapTuple	tuple;
-		TransactionId xmin;
-		bool		isnull;
-		Datum		d;
-
-		found = true;
-		tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
-		xmin = HeapTupleHeaderGetXmin(tuple->t_data);
-
-		rec->tid = slot->tts_tid;
-		rec->uncommitted = TransactionIdIsValid(dirty.xmin);
-		rec->busy_xid = rec->uncommitted ? dirty.xmin : dirty.xmax;
-		rec->mine = TransactionIdIsCurrentTransactionId(xmin);
-		rec->in_snapshot = !IsolationUsesXactSnapshot() || rec->mine ||
-			table_tuple_satisfies_snapshot(store->heap, slot, GetActiveSnapshot());
-
-		rec->token = DatumGetInt64(slot_getattr(slot, Anum_token, &isnull));
-		d = slot_getattr(slot, Anum_fingerprint, &isnull);
-		rec->fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
-		rec->ttl = *DatumGetIntervalP(slot_getattr(slot, Anum_ttl, &isnull));
-		rec->created_at = DatumGetTimestampTz(slot_getattr(slot, Anum_created_at, &isnull));
-		d = slot_getattr(slot, Anum_completed_at, &isnull);
-		rec->completed_at = isnull ? 0 : DatumGetTimestampTz(d);
-		rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_expires_at, &isnull));
-		d = slot_getattr(slot, Anum_response, &isnull);
-		rec->response = isnull ? NULL : DatumGetJsonbPCopy(d);
-	}
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+		record_from_slot(store, slot, &dirty, rec);
 
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 
 	return found;
+}
+
+/*
+ * Like idem_store_fetch, for the record that token should hold.  The claim
+ * this backend made last is usually the one its next idem_finish settles
+ * (in-transaction shape): it is read straight from where it was inserted,
+ * without descending the index.  Any doubt -- the version was updated or
+ * vacuumed away, the slot holds another row -- falls back to the index.
+ */
+bool
+idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
+					   IdemRecord *rec)
+{
+	if (token == last_claim.token && key->role == last_claim.role &&
+		RelationGetRelid(store->heap) == last_claim.relid)
+	{
+		SnapshotData dirty;
+		TupleTableSlot *slot = table_slot_create(store->heap, NULL);
+		bool		found;
+
+		InitDirtySnapshot(dirty);
+		found = table_tuple_fetch_row_version(store->heap, &last_claim.tid,
+											  &dirty, slot) &&
+			slot_matches_key(slot, key);
+		if (found)
+			record_from_slot(store, slot, &dirty, rec);
+		ExecDropSingleTupleTableSlot(slot);
+		if (found && rec->token == token)
+			return true;
+	}
+	return idem_store_fetch(store, key, rec);
 }
 
 /*
@@ -224,10 +302,13 @@ idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
  * commit of a transaction that writes WAL -- which a claim on the unlogged
  * table does not.  A claim committed while the sequence's WAL is still in
  * memory would hand its token out again after a crash, to another attempt
- * at the same key: fencing broken.  So when the value we took is not on
- * disk yet, our commit flushes it.  That is one flush per 32 claims at most,
- * and none when the WAL writer got there first.
+ * at the same key: fencing broken.  So a transaction that took a token
+ * whose WAL is not on disk yet flushes up to it just before it commits
+ * (token_wal_callback).  Transactions taking tokens covered by the same
+ * WAL record share that flush.
  */
+static XLogRecPtr token_wal_needed = InvalidXLogRecPtr;
+
 int64
 idem_store_next_token(IdemStore *store)
 {
@@ -241,9 +322,37 @@ idem_store_next_token(IdemStore *store)
 	UnlockReleaseBuffer(buf);
 	relation_close(seq, NoLock);
 
-	if (logged > GetFlushRecPtr(NULL))
-		ForceSyncCommit();
+	if (logged > token_wal_needed && logged > GetFlushRecPtr(NULL))
+		token_wal_needed = logged;
 	return token;
+}
+
+static void
+token_wal_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+
+			/*
+			 * A transaction that wrote WAL of its own flushes it all at a
+			 * synchronous commit anyway; otherwise flush what the tokens
+			 * need (a no-op when someone already did).
+			 */
+			if (token_wal_needed != InvalidXLogRecPtr &&
+				!(XactLastRecEnd >= token_wal_needed &&
+				  synchronous_commit > SYNCHRONOUS_COMMIT_OFF))
+				XLogFlush(token_wal_needed);
+			token_wal_needed = InvalidXLogRecPtr;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			token_wal_needed = InvalidXLogRecPtr;
+			break;
+		default:
+			break;
+	}
 }
 
 static HeapTuple
@@ -304,6 +413,12 @@ idem_store_insert(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 
 	heap_insert(store->heap, tuple, GetCurrentCommandId(true), 0, NULL);
 	insert_index_entry(store, key, tuple);
+
+	last_claim.relid = RelationGetRelid(store->heap);
+	last_claim.role = key->role;
+	last_claim.token = rec->token;
+	last_claim.tid = tuple->t_self;
+
 	heap_freetuple(tuple);
 	CommandCounterIncrement();
 }
