@@ -72,7 +72,6 @@ typedef struct IdemStore
 {
 	Relation	heap;
 	Relation	index;
-	struct IndexInfo *index_info;
 	Oid			token_seq;
 } IdemStore;
 

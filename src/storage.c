@@ -35,6 +35,7 @@
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
@@ -59,6 +60,7 @@
  */
 static void token_wal_callback(XactEvent event, void *arg);
 
+static IndexInfo *record_index_info = NULL;	/* in CacheMemoryContext */
 static Oid	record_relid = InvalidOid;
 static Oid	record_indexid = InvalidOid;
 static Oid	token_seqid = InvalidOid;
@@ -68,7 +70,12 @@ forget_relids(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == record_relid ||
 		relid == record_indexid || relid == token_seqid)
+	{
 		record_relid = record_indexid = token_seqid = InvalidOid;
+		if (record_index_info != NULL)
+			pfree(record_index_info);
+		record_index_info = NULL;
+	}
 }
 
 void
@@ -142,7 +149,6 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 				 errdetail("The record table is unlogged: it is not replicated to standbys."),
 				 errhint("Read them on the primary, or make the table logged there with idem_set_logged(true).")));
 	store->index = index_open(indexid, lockmode);
-	store->index_info = NULL;
 }
 
 void
@@ -385,8 +391,14 @@ insert_index_entry(IdemStore *store, const IdemKey *key, HeapTuple tuple)
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
 
-	if (store->index_info == NULL)
-		store->index_info = BuildIndexInfo(store->index);
+	/* built once per backend: the index never changes shape */
+	if (record_index_info == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(CacheMemoryContext);
+
+		record_index_info = BuildIndexInfo(store->index);
+		MemoryContextSwitchTo(oldcxt);
+	}
 
 	values[0] = ObjectIdGetDatum(key->role);
 	values[1] = PointerGetDatum(key->operation);
@@ -398,7 +410,7 @@ insert_index_entry(IdemStore *store, const IdemKey *key, HeapTuple tuple)
 	 * page we just read.
 	 */
 	index_insert(store->index, values, nulls, &tuple->t_self, store->heap,
-				 UNIQUE_CHECK_YES, false, store->index_info);
+				 UNIQUE_CHECK_YES, false, record_index_info);
 }
 
 /*
