@@ -5,7 +5,8 @@
  *
  * in_flight, lease and ttl are defaults for arguments of idem_begin (an
  * explicit argument always wins); max_response_size limits idem_finish;
- * purge_interval, purge_batch_size and databases drive the purge worker.
+ * purge_interval, purge_batch_size, purge_delay and databases drive the
+ * purge worker.
  *
  *-------------------------------------------------------------------------
  */
@@ -28,6 +29,7 @@ int			idem_ttl_s = 24 * 60 * 60;
 int			idem_max_response_size = 64 * 1024;
 int			idem_purge_interval_s = 60;
 int			idem_purge_batch_size = 1000;
+int			idem_purge_delay_ms = 10;
 char	   *idem_purge_databases = NULL;
 
 static const struct config_enum_entry in_flight_options[] = {
@@ -104,6 +106,17 @@ _PG_init(void)
 							1000000,
 							PGC_SIGHUP,
 							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.purge_delay",
+							"Pause of the purge worker between two full batches.",
+							"Spreads the purge of a large backlog so that it does not take a CPU from the load.",
+							&idem_purge_delay_ms,
+							10,
+							0,
+							10000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	/*

@@ -54,6 +54,7 @@ extern int	idem_ttl_s;
 extern int	idem_max_response_size;
 extern int	idem_purge_interval_s;
 extern int	idem_purge_batch_size;
+extern int	idem_purge_delay_ms;
 extern char *idem_purge_databases;
 
 /* ---- storage (storage.c) ---- */

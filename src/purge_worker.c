@@ -6,7 +6,8 @@
  * With idempotency in shared_preload_libraries, one worker per database
  * named in idempotency.databases wakes every idempotency.purge_interval and
  * calls idem_purge(idempotency.purge_batch_size) in its own short
- * transaction, batch after batch, until a batch comes back short.  Each
+ * transaction, batch after batch (idempotency.purge_delay apart), until a
+ * batch comes back short.  Each
  * batch locks only the rows it deletes and skips rows others are working
  * on, so concurrent claims never wait for it for long.  A database without
  * the extension is skipped.
@@ -155,13 +156,24 @@ idem_purge_worker_main(Datum arg)
 		if (GetCurrentTimestamp() < next_purge_after(last_run))
 			continue;
 
-		/* batch after batch until one comes back short */
+		/*
+		 * Batch after batch until one comes back short, pausing between
+		 * them so that a large backlog does not take a CPU from the load.
+		 */
 		for (;;)
 		{
 			int64		deleted = purge_one_batch();
 
 			if (deleted < idem_purge_batch_size)
 				break;
+			if (idem_purge_delay_ms > 0)
+			{
+				(void) WaitLatch(MyLatch,
+								 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+								 idem_purge_delay_ms,
+								 PG_WAIT_EXTENSION);
+				ResetLatch(MyLatch);
+			}
 			CHECK_FOR_INTERRUPTS();
 		}
 		last_run = GetCurrentTimestamp();
