@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * claim.c
- *	  The claim logic: idem_begin, idem_finish and idem_abort.
+ *	  The claim logic: idem_begin, idem_finish, idem_abort and idem_renew.
  *
  * A record is the calling role's (operation, key).  It is *live* while
  * another transaction is inserting it, or while it is pending with an
