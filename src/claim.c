@@ -519,13 +519,29 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 	return false;
 }
 
+/* act_on_claim for an SQL function: a write, so not in read-only mode */
+static bool
+act_on_claim_for(FunctionCallInfo fcinfo, const char *fname, const IdemKey *key,
+				 int64 token, ClaimAction action, Jsonb *response, int64 lease,
+				 IdemRecord *rec)
+{
+	IdemStore	store;
+	bool		held;
+
+	PreventCommandIfReadOnly(fname);
+
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
+	held = act_on_claim(&store, key, token, action, response, lease, rec);
+	idem_store_close(&store);
+	return held;
+}
+
 Datum
 idem_finish(PG_FUNCTION_ARGS)
 {
 	IdemKey		key;
 	int64		token;
 	Jsonb	   *response;
-	IdemStore	store;
 	IdemRecord	rec;
 	bool		held;
 
@@ -545,11 +561,8 @@ idem_finish(PG_FUNCTION_ARGS)
 						   (Size) VARSIZE(response), idem_max_response_size),
 				 errhint("Store the response elsewhere and finish with a reference to it.")));
 
-	PreventCommandIfReadOnly("idem_finish()");
-
-	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
-	held = act_on_claim(&store, &key, token, CLAIM_FINISH, response, 0, &rec);
-	idem_store_close(&store);
+	held = act_on_claim_for(fcinfo, "idem_finish()", &key, token, CLAIM_FINISH,
+							response, 0, &rec);
 
 	if (!held)
 		raise_stale_token(&key, token);
@@ -561,18 +574,14 @@ idem_abort(PG_FUNCTION_ARGS)
 {
 	IdemKey		key;
 	int64		token;
-	IdemStore	store;
 	IdemRecord	rec;
 	bool		held;
 
 	idem_key_from_args(fcinfo, &key);
 	token = required_token(fcinfo, 2);
 
-	PreventCommandIfReadOnly("idem_abort()");
-
-	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
-	held = act_on_claim(&store, &key, token, CLAIM_ABORT, NULL, 0, &rec);
-	idem_store_close(&store);
+	held = act_on_claim_for(fcinfo, "idem_abort()", &key, token, CLAIM_ABORT,
+							NULL, 0, &rec);
 
 	if (held)
 		idem_count(IDEM_COUNT_ABORTS, 1);
@@ -589,7 +598,6 @@ idem_renew(PG_FUNCTION_ARGS)
 	IdemKey		key;
 	int64		token;
 	int64		lease;
-	IdemStore	store;
 	IdemRecord	rec;
 	bool		held;
 
@@ -605,11 +613,8 @@ idem_renew(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idempotency lease must be positive")));
 
-	PreventCommandIfReadOnly("idem_renew()");
-
-	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
-	held = act_on_claim(&store, &key, token, CLAIM_RENEW, NULL, lease, &rec);
-	idem_store_close(&store);
+	held = act_on_claim_for(fcinfo, "idem_renew()", &key, token, CLAIM_RENEW,
+							NULL, lease, &rec);
 
 	if (!held)
 		raise_stale_token(&key, token);
