@@ -53,16 +53,25 @@ typedef enum ClaimStatus
 
 /* ---- arguments ---- */
 
+/* 22004 when argument argno is NULL; hint may be NULL */
+static void
+require_not_null(FunctionCallInfo fcinfo, int argno, const char *what,
+				 const char *hint)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("idempotency %s must not be null", what),
+				 hint ? errhint("%s", hint) : 0));
+}
+
 static text *
 required_name(FunctionCallInfo fcinfo, int argno, const char *what)
 {
 	text	   *value;
 	int			chars;
 
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("idempotency %s must not be null", what)));
+	require_not_null(fcinfo, argno, what, NULL);
 
 	value = PG_GETARG_TEXT_PP(argno);
 	chars = pg_mbstrlen_with_len(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
@@ -102,10 +111,7 @@ idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key)
 static int64
 required_token(FunctionCallInfo fcinfo, int argno)
 {
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("idempotency token must not be null")));
+	require_not_null(fcinfo, argno, "token", NULL);
 	return PG_GETARG_INT64(argno);
 }
 
@@ -547,11 +553,8 @@ idem_finish(PG_FUNCTION_ARGS)
 
 	idem_key_from_args(fcinfo, &key);
 	token = required_token(fcinfo, 2);
-	if (PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("idempotency response must not be null"),
-				 errhint("Use idem_abort to release a claim without a result.")));
+	require_not_null(fcinfo, 3, "response",
+					 "Use idem_abort to release a claim without a result.");
 	response = PG_GETARG_JSONB_P(3);
 	if (VARSIZE(response) > (Size) idem_max_response_size)
 		ereport(ERROR,
@@ -603,10 +606,7 @@ idem_renew(PG_FUNCTION_ARGS)
 
 	idem_key_from_args(fcinfo, &key);
 	token = required_token(fcinfo, 2);
-	if (PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("idempotency lease must not be null")));
+	require_not_null(fcinfo, 3, "lease", NULL);
 	lease = interval_usecs(PG_GETARG_INTERVAL_P(3), "lease");
 	if (lease <= 0)
 		ereport(ERROR,
