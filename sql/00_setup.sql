@@ -36,14 +36,15 @@ SELECT p.oid::regprocedure AS function,
    AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
  ORDER BY p.proname;
 
--- The record table is unlogged, and PUBLIC has no rights on it or on the
--- token sequence.
+-- The record table and the token count are unlogged, the token epochs
+-- logged, and PUBLIC has no rights on any of them.
 SELECT c.relname, c.relkind, c.relpersistence,
        ARRAY(SELECT a.privilege_type FROM aclexplode(c.relacl) a
               WHERE a.grantee = 0) AS public_privileges
   FROM pg_class c
  WHERE c.relnamespace = 'public'::regnamespace
-   AND c.relname IN ('idem_record', 'idem_record_pkey', 'idem_token_seq')
+   AND c.relname IN ('idem_record', 'idem_record_pkey', 'idem_token_seq',
+                     'idem_token_epoch')
  ORDER BY c.relname;
 
 -- The result type of idem_begin.

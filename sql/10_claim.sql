@@ -1,13 +1,21 @@
 --
 -- 10_claim: the life of a claim -- idem_begin, idem_finish, idem_abort.
 --
--- Tokens come from one global sequence.  They are compared here, not
--- printed, except in the IK412 messages, which name the token: this file
--- starts the sequence at a known value so that those messages are stable.
--- (setval only moves the sequence forward: no earlier file came near it.)
---
 \set VERBOSITY default
-SELECT setval('idem_token_seq', 10000000) AS token_base;
+
+-- A token is epoch << 32 | count.  The first claim in a database starts
+-- epoch 1, taken from the logged idem_token_epoch and flushed; the count
+-- comes from the unlogged idem_token_seq.
+SELECT token >> 32 AS epoch, token & 4294967295 AS count
+  FROM idem_begin('token.epoch', 'e1', NULL);
+SELECT idem_abort('token.epoch', 'e1', 4294967297);
+SELECT last_value AS last_epoch FROM idem_token_epoch;
+
+-- Tokens are compared below, not printed, except in the IK412 messages,
+-- which name the token: this file moves the count of epoch 1 to a known
+-- value so that those messages are stable: the next token is
+-- (1 << 32) + 10000001 = 4304967297.
+SELECT setval('idem_token_seq', (1::int8 << 32) + 10000000) AS token_base;
 
 -- A first claim of a key: status 'new', a token, no response.
 SELECT status, token IS NOT NULL AS has_token, response
@@ -24,14 +32,14 @@ SELECT status FROM idem_begin('order.create', 'k1', idem_fingerprint('order-1', 
 -- The record while pending: no completion time, no response, the lease
 -- (30 s by default) ends expires_at, the retention (24 h by default) is
 -- kept for later.
-SELECT role_id::regrole AS role, operation, key, token = 10000001 AS first_token,
+SELECT role_id::regrole AS role, operation, key, token = 4304967297 AS first_token,
        fingerprint = idem_fingerprint('order-1', 100) AS fingerprint_kept,
        ttl, completed_at IS NULL AS pending, response,
        expires_at - created_at AS lease
   FROM idem_record WHERE operation = 'order.create' AND key = 'k1';
 
 -- Finish it with the response; the retention starts at completion.
-SELECT idem_finish('order.create', 'k1', 10000001,
+SELECT idem_finish('order.create', 'k1', 4304967297,
                    '{"charge": "ch_1", "amount": 100}');
 SELECT completed_at IS NOT NULL AS completed, response,
        expires_at - completed_at AS retention
@@ -47,9 +55,9 @@ SELECT * FROM idem_begin('order.create', 'k1', idem_fingerprint('order-1', 100),
 -- The token that finished the claim no longer holds the key: a second
 -- finish is refused with IK412 and the stored response is unchanged; an
 -- abort with it returns false and deletes nothing.
-SELECT idem_finish('order.create', 'k1', 10000001, '{"charge": "ch_2"}');
+SELECT idem_finish('order.create', 'k1', 4304967297, '{"charge": "ch_2"}');
 \echo :SQLSTATE
-SELECT idem_abort('order.create', 'k1', 10000001);
+SELECT idem_abort('order.create', 'k1', 4304967297);
 SELECT response FROM idem_begin('order.create', 'k1', idem_fingerprint('order-1', 100));
 
 -- A token that was never issued for the key: IK412 for finish, false for

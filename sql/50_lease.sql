@@ -4,11 +4,11 @@
 -- key.  Fencing: a takeover gets a greater token, and the stale token can
 -- neither finish nor abort the new claim.
 --
--- IK412 messages name the token: start this file's tokens at a known value
--- (forward only; no earlier file came near it).
+-- IK412 messages name the token: start this file's tokens at a known value,
+-- count 50000001 of epoch 1 (forward only; no earlier file came near it).
 --
 \set VERBOSITY default
-SELECT setval('idem_token_seq', 50000000) AS token_base;
+SELECT setval('idem_token_seq', (1::int8 << 32) + 50000000) AS token_base;
 
 -- Five claims with a 100 ms lease, committed (the external-call shape) and
 -- then left to lapse.  Each key below plays out one case.

@@ -5,11 +5,11 @@
 -- Roles (from 00_setup): regress_idem_a and regress_idem_b are two
 -- applications; regress_idem_nobody is any unprivileged role.
 --
--- IK412 messages name the token: start this file's tokens at a known value
--- (forward only; no earlier file came near it).
+-- IK412 messages name the token: start this file's tokens at a known value,
+-- count 70000001 of epoch 1 (forward only; no earlier file came near it).
 --
 \set VERBOSITY default
-SELECT setval('idem_token_seq', 70000000) AS token_base;
+SELECT setval('idem_token_seq', (1::int8 << 32) + 70000000) AS token_base;
 
 --
 -- Role namespace.
@@ -99,7 +99,7 @@ SELECT role_id::regrole AS role, key, response
   FROM idem_record WHERE operation = 'role.definer' ORDER BY key, role;
 
 --
--- PUBLIC has no access to the record table or the token sequence: an
+-- PUBLIC has no access to the record table or the token sequences: an
 -- unprivileged role gets 42501 for each, yet can use the core functions.
 --
 SET ROLE regress_idem_nobody;
@@ -119,6 +119,10 @@ SELECT nextval('idem_token_seq');
 SELECT setval('idem_token_seq', 1);
 \echo :SQLSTATE
 SELECT last_value FROM idem_token_seq;
+\echo :SQLSTATE
+SELECT nextval('idem_token_epoch');
+\echo :SQLSTATE
+SELECT setval('idem_token_epoch', 1);
 \echo :SQLSTATE
 -- the core functions and the fingerprint helper work
 SELECT idem_finish('role.nobody', 'n1',

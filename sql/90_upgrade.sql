@@ -1,8 +1,8 @@
 --
 -- 90_upgrade: DROP / CREATE EXTENSION in a session that has used the
--- extension, the 1.0 SQL definitions running on the current library, and
--- the 1.0 -> 1.1 upgrade script, which must give exactly what a fresh 1.1
--- install gives.
+-- extension, the 1.0 and 1.1 SQL definitions running on the current
+-- library, and the upgrade scripts, which must give exactly what a fresh
+-- install of the default version gives.
 --
 \set VERBOSITY default
 
@@ -59,9 +59,17 @@ SELECT idem_purge() AS purged;
 SELECT idem_set_logged(true);
 SELECT idem_set_logged(false);
 
--- Upgrade: the same objects, with the same properties, as a fresh 1.1
--- install -- nothing missing, nothing extra.
+-- 1.1 definitions, with tokens still from the logged sequence.
 ALTER EXTENSION idempotency UPDATE TO '1.1';
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+SELECT setval('idem_token_seq', 900) AS old_token_base;
+SELECT token AS u3_token FROM idem_begin('upgrade', 'u3', NULL) \gset
+SELECT :u3_token AS u3_token;
+SELECT state FROM idem_inspect('upgrade', 'u3');
+
+-- Upgrade to the default version: the same objects, with the same
+-- properties, as a fresh install -- nothing missing, nothing extra.
+ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 SELECT o AS missing_after_upgrade FROM fresh_objects
 EXCEPT SELECT o FROM ext_objects() o;
@@ -71,3 +79,11 @@ EXCEPT SELECT o FROM fresh_objects;
 SELECT status, response FROM idem_begin('upgrade', 'u1', idem_fingerprint('u', 1));
 SELECT idem_begin('upgrade', 'u0', NULL, in_flight => 'raise');
 \echo :SQLSTATE
+
+-- Tokens keep increasing across the update to 1.2: the first epoch starts
+-- above the old sequence, and the claim taken under 1.1 is still held by
+-- its token.
+SELECT token > :u3_token AS greater, token >> 32 AS epoch
+  FROM idem_begin('upgrade', 'u4', NULL);
+SELECT idem_finish('upgrade', 'u3', :u3_token, '"done under 1.2"');
+SELECT status, response FROM idem_begin('upgrade', 'u3', NULL);

@@ -73,7 +73,8 @@ typedef struct IdemStore
 {
 	Relation	heap;
 	Relation	index;
-	Oid			token_seq;
+	Oid			token_seq;		/* idem_token_seq: the count */
+	Oid			epoch_seq;		/* idem_token_epoch; InvalidOid before 1.2 */
 } IdemStore;
 
 /* One record's columns, plus what the fetch learned about its version */

@@ -29,8 +29,11 @@
 #include "catalog/pg_collation_d.h"
 #include "commands/sequence.h"
 #include "executor/tuptable.h"
+#include "miscadmin.h"
 #include "nodes/execnodes.h"
+#include "replication/syncrep.h"
 #include "storage/bufmgr.h"
+#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
@@ -56,22 +59,23 @@
 
 /*
  * OIDs of the extension's objects, looked up once per backend.  A relcache
- * invalidation of the table (DROP EXTENSION, for one) forgets them.
+ * invalidation of one of them (DROP EXTENSION, ALTER EXTENSION UPDATE)
+ * forgets them.
  */
-static void token_wal_callback(XactEvent event, void *arg);
-
 static IndexInfo *record_index_info = NULL;	/* in CacheMemoryContext */
 static Oid	record_relid = InvalidOid;
 static Oid	record_indexid = InvalidOid;
 static Oid	token_seqid = InvalidOid;
+static Oid	epoch_seqid = InvalidOid;	/* InvalidOid before version 1.2 */
 
 static void
 forget_relids(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == record_relid ||
-		relid == record_indexid || relid == token_seqid)
+		relid == record_indexid || relid == token_seqid ||
+		relid == epoch_seqid)
 	{
-		record_relid = record_indexid = token_seqid = InvalidOid;
+		record_relid = record_indexid = token_seqid = epoch_seqid = InvalidOid;
 		if (record_index_info != NULL)
 			pfree(record_index_info);
 		record_index_info = NULL;
@@ -82,7 +86,6 @@ void
 idem_store_init(void)
 {
 	CacheRegisterRelcacheCallback(forget_relids, (Datum) 0);
-	RegisterXactCallback(token_wal_callback, NULL);
 }
 
 /*
@@ -104,6 +107,8 @@ lookup_relids(Oid fn_oid)
 		elog(ERROR, "idempotency: record table not found in schema \"%s\"",
 			 get_namespace_name(nsp));
 
+	/* the token epochs, from version 1.2 on */
+	epoch_seqid = get_relname_relid("idem_token_epoch", nsp);
 	token_seqid = seqid;
 	record_indexid = indexid;
 	record_relid = relid;
@@ -137,6 +142,7 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	relid = record_relid;
 	indexid = record_indexid;
 	store->token_seq = token_seqid;
+	store->epoch_seq = epoch_seqid;
 
 	store->heap = table_open(relid, lockmode);
 
@@ -301,63 +307,127 @@ idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
 }
 
 /*
- * A fencing token: greater than every token handed out before it, also
- * across a crash.
+ * Fencing tokens: each greater than every token handed out before it, also
+ * across a crash, a fail-over to a synchronous standby, or a dump and
+ * restore.
  *
- * nextval() writes WAL only every 32 values and leaves flushing it to the
- * commit of a transaction that writes WAL -- which a claim on the unlogged
- * table does not.  A claim committed while the sequence's WAL is still in
- * memory would hand its token out again after a crash, to another attempt
- * at the same key: fencing broken.  So a transaction that took a token
- * whose WAL is not on disk yet flushes up to it just before it commits
- * (token_wal_callback).  Transactions taking tokens covered by the same
- * WAL record share that flush.
+ * A sequence alone does not give that cheaply.  nextval() writes WAL only
+ * every 32 values and leaves flushing it to the commit of a transaction
+ * that writes WAL -- which a claim on the unlogged table does not -- so a
+ * crash can roll the sequence back and hand a token out again, to another
+ * attempt at the same key: fencing broken.  Flushing before every claim
+ * commits fixes that at the price of a disk flush per 32 claims, which the
+ * claims of all sessions end up waiting for.
+ *
+ * So a token has two parts, epoch << 32 | count:
+ *
+ *	count	from idem_token_seq, an UNLOGGED sequence: no WAL at all, and
+ *			crash recovery (or promotion) resets it to its start, 1.
+ *	epoch	from idem_token_epoch, a logged sequence, flushed to disk and
+ *			to synchronous standbys before the epoch's first token is used.
+ *
+ * A count below 2^32 therefore means "no epoch since the last crash".  The
+ * first backend to see it, under a lock on idem_token_epoch, takes the next
+ * epoch -- greater than every earlier one, and durable -- and moves the
+ * count to epoch << 32; a count nearing the end of its epoch does the same.
+ * That is one flush per crash or per four billion tokens.  Values drawn
+ * while that happens are discarded, never used: tokens need not be dense.
+ * A backend draws at most two values past TOKEN_COUNT_LIMIT before the new
+ * epoch is in place, so the 2^24 values to spare cannot run out.
+ *
+ * Versions before 1.2 have a logged idem_token_seq and no epochs: there a
+ * claim's commit is made synchronous, which flushes the sequence's WAL.
  */
-static XLogRecPtr token_wal_needed = InvalidXLogRecPtr;
+#define TOKEN_COUNT_BITS	32
+#define TOKEN_COUNT_MASK	((INT64CONST(1) << TOKEN_COUNT_BITS) - 1)
+#define TOKEN_COUNT_LIMIT	(TOKEN_COUNT_MASK - (INT64CONST(1) << 24))
+
+static inline bool
+token_in_epoch(int64 value)
+{
+	return (value >> TOKEN_COUNT_BITS) > 0 &&
+		(value & TOKEN_COUNT_MASK) < TOKEN_COUNT_LIMIT;
+}
+
+/* The LSN of the newest WAL record of a sequence: its page's LSN */
+static XLogRecPtr
+sequence_lsn(Oid seqid)
+{
+	Relation	seq = relation_open(seqid, AccessShareLock);
+	Buffer		buf = ReadBuffer(seq, 0);
+	XLogRecPtr	lsn;
+
+	LockBuffer(buf, BUFFER_LOCK_SHARE);
+	lsn = PageGetLSN(BufferGetPage(buf));
+	UnlockReleaseBuffer(buf);
+	relation_close(seq, NoLock);
+	return lsn;
+}
+
+/*
+ * Take the next epoch, make it durable, and move the count to its start.
+ * The caller holds the epoch lock.
+ */
+static void
+start_epoch(IdemStore *store)
+{
+	int64		epoch = nextval_internal(store->epoch_seq, false);
+	XLogRecPtr	lsn = sequence_lsn(store->epoch_seq);
+	Relation	seq;
+	Oid			owner;
+	Oid			save_userid;
+	int			save_sec_context;
+
+	if (epoch >= (INT64CONST(1) << (63 - TOKEN_COUNT_BITS)))
+		ereport(ERROR,
+				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
+				 errmsg("idempotency token epochs are exhausted")));
+
+	/* the WAL that covers this epoch; done at once if nextval did not log */
+	XLogFlush(lsn);
+	SyncRepWaitForLSN(lsn, false);
+
+	/*
+	 * setval() checks for UPDATE on the sequence, which the calling role
+	 * need not have: run it as the sequence's owner.
+	 */
+	seq = relation_open(store->token_seq, AccessShareLock);
+	owner = seq->rd_rel->relowner;
+	relation_close(seq, NoLock);
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	DirectFunctionCall2(setval_oid, ObjectIdGetDatum(store->token_seq),
+						Int64GetDatum(epoch << TOKEN_COUNT_BITS));
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+}
 
 int64
 idem_store_next_token(IdemStore *store)
 {
-	int64		token = nextval_internal(store->token_seq, false);
-	Relation	seq = relation_open(store->token_seq, AccessShareLock);
-	Buffer		buf = ReadBuffer(seq, 0);
-	XLogRecPtr	logged;
+	int64		value;
 
-	LockBuffer(buf, BUFFER_LOCK_SHARE);
-	logged = PageGetLSN(BufferGetPage(buf));
-	UnlockReleaseBuffer(buf);
-	relation_close(seq, NoLock);
-
-	if (logged > token_wal_needed && logged > GetFlushRecPtr(NULL))
-		token_wal_needed = logged;
-	return token;
-}
-
-static void
-token_wal_callback(XactEvent event, void *arg)
-{
-	switch (event)
+	if (!OidIsValid(store->epoch_seq))
 	{
-		case XACT_EVENT_PRE_COMMIT:
-		case XACT_EVENT_PRE_PREPARE:
+		/* before 1.2: a logged sequence, flushed by a synchronous commit */
+		ForceSyncCommit();
+		return nextval_internal(store->token_seq, false);
+	}
 
-			/*
-			 * A transaction that wrote WAL of its own flushes it all at a
-			 * synchronous commit anyway; otherwise flush what the tokens
-			 * need (a no-op when someone already did).
-			 */
-			if (token_wal_needed != InvalidXLogRecPtr &&
-				!(XactLastRecEnd >= token_wal_needed &&
-				  synchronous_commit > SYNCHRONOUS_COMMIT_OFF))
-				XLogFlush(token_wal_needed);
-			token_wal_needed = InvalidXLogRecPtr;
-			break;
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PARALLEL_ABORT:
-			token_wal_needed = InvalidXLogRecPtr;
-			break;
-		default:
-			break;
+	for (;;)
+	{
+		value = nextval_internal(store->token_seq, false);
+		if (token_in_epoch(value))
+			return value;
+
+		LockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
+		value = nextval_internal(store->token_seq, false);
+		if (!token_in_epoch(value))
+			start_epoch(store);
+		UnlockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
+		if (token_in_epoch(value))
+			return value;
 	}
 }
 

@@ -4,7 +4,7 @@
  *
  * floor_record is the "floor": the same shape as idem_record, unlogged,
  * with the same primary key, and a token sequence configured like
- * idem_token_seq (logged, no cache).  The floor scripts do on it, in bare
+ * idem_token_seq (unlogged, no cache).  The floor scripts do on it, in bare
  * SQL, the storage work a claim + finish or a replay needs and nothing else.
  */
 CREATE EXTENSION idempotency;
@@ -22,7 +22,7 @@ CREATE UNLOGGED TABLE public.floor_record (
 	response		jsonb,
 	CONSTRAINT floor_record_pkey PRIMARY KEY (role_id, operation, key)
 );
-CREATE SEQUENCE public.floor_token_seq AS int8 NO CYCLE;
+CREATE UNLOGGED SEQUENCE public.floor_token_seq AS int8 NO CYCLE;
 
 /*
  * Hot key, in-transaction shape: the whole request in one statement (one

@@ -7,19 +7,13 @@
 #    table is still unlogged.
 # 2. Tokens issued after the crash are greater than every token issued
 #    before it, so a worker that outlived the crash cannot finish a new
-#    owner's claim (fencing).  The sequence is logged; this checks that its
-#    state cannot go back even when the transaction that WAL-logged the
-#    sequence's advance rolled back and the claim that used a value it
-#    covered committed without a WAL flush (a transaction that wrote only
-#    the unlogged table).  Such a commit reaches disk only when the WAL
-#    writer next flushes (within about 3 x wal_writer_delay); the crash
-#    here comes milliseconds after the claim, which was enough with the
-#    default 200ms every time we tried, and wal_writer_delay = 10s makes
-#    it certain.  (At the time of writing part 2 FAILS: the sequence comes
-#    back behind the committed token, the retry gets the pre-crash worker's
-#    very token, and that worker's late idem_finish completes the new
-#    owner's claim.  The commit of a claim must reach disk before its token
-#    is used -- e.g. ForceSyncCommit() when a token is issued.)
+#    owner's claim (fencing) -- also when the claim committed having
+#    written nothing but the unlogged table, so that nothing flushed its
+#    commit, and when a claim before it rolled back.  (The token count is
+#    an unlogged sequence that the crash resets; the first claim after it
+#    starts a new, greater epoch.  220_token_epochs tests the epochs
+#    themselves.)  wal_writer_delay = 10s keeps the WAL writer from
+#    flushing on its own.
 
 use strict;
 use warnings;
@@ -120,10 +114,8 @@ is( $node->safe_psql('postgres', q{
 
 # ========== 2. tokens never go back across a crash ==========
 
-# After a checkpoint the next nextval() WAL-logs the sequence's advance
-# (by 32 values); that transaction rolls back.  The next claim uses a value
-# covered by that WAL record; its transaction wrote only the unlogged table,
-# so its commit is not flushed -- and neither is the sequence's record.
+# A claim that rolls back, then a worker's claim whose transaction wrote
+# only the unlogged table: its commit is not flushed.
 $node->safe_psql('postgres', 'CHECKPOINT');
 my $t_rolled_back = $node->safe_psql('postgres', qq{
 	BEGIN;

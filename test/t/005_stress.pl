@@ -149,7 +149,7 @@ my $counts = $node->safe_psql('postgres', q{
 	       (SELECT count(*) FROM idem_record WHERE completed_at IS NULL),
 	       (SELECT count(*) FROM effect),
 	       (SELECT count(DISTINCT key) FROM effect),
-	       (SELECT last_value FROM idem_token_seq)});
+	       (SELECT last_value & 4294967295 FROM idem_token_seq)});    # this epoch's count
 my ($completed, $pending, $effects, $effect_keys, $tokens) = split /\|/, $counts;
 
 # transactions and the slowest one, from pgbench's per-transaction logs:

@@ -94,6 +94,9 @@ my @denied = (
 	[ 'setval on the token sequence',  q{SELECT setval('idem_token_seq', 1)} ],
 	[ 'SELECT the token sequence',     'SELECT last_value FROM idem_token_seq' ],
 	[ 'ALTER SEQUENCE',                'ALTER SEQUENCE idem_token_seq RESTART' ],
+	[ 'nextval on the token epochs',   q{SELECT nextval('idem_token_epoch')} ],
+	[ 'setval on the token epochs',    q{SELECT setval('idem_token_epoch', 1)} ],
+	[ 'ALTER SEQUENCE of the epochs',  'ALTER SEQUENCE idem_token_epoch RESTART' ],
 	[ 'idem_purge()',                  'SELECT idem_purge()' ],
 	[ 'idem_purge(1)',                 'SELECT idem_purge(1)' ],
 	[ 'idem_set_logged(true)',         'SELECT idem_set_logged(true)' ],
@@ -335,6 +338,7 @@ my $evil_path = q{SET search_path = evil, pg_catalog, public;};
 my $temp_trap = q{
 CREATE TEMP TABLE idem_record (role_id pg_catalog.oid, operation pg_catalog.text, key pg_catalog.text);
 CREATE TEMP TABLE idem_token_seq (last_value pg_catalog.int8);
+CREATE TEMP TABLE idem_token_epoch (last_value pg_catalog.int8);
 CREATE TEMP VIEW pg_extension AS SELECT * FROM pg_catalog.pg_extension WHERE evil.trap('temp view pg_extension');
 CREATE TEMP VIEW pg_namespace AS SELECT * FROM pg_catalog.pg_namespace WHERE evil.trap('temp view pg_namespace');
 CREATE TEMP VIEW pg_class AS SELECT * FROM pg_catalog.pg_class WHERE evil.trap('temp view pg_class');
@@ -415,7 +419,7 @@ sub run_script
 	my @lines;
 	for my $line (split /\n/, $out)
 	{
-		$line =~ s/\b(\d{1,9})\b/exists $tok{$1} ? $tok{$1} : ($tok{$1} = 'T' . ++$next)/ge
+		$line =~ s/\b(\d{1,19})\b/exists $tok{$1} ? $tok{$1} : ($tok{$1} = 'T' . ++$next)/ge
 		  if $line =~ /^(new|lapse|takeover|inspect)\|/;
 		$line =~ s/^(renew)\|([\d.]+)$/sprintf('%s|%s', $1, abs($2 - time - 3600) < 60 ? 'now+1h' : "WRONG:$2")/e;
 		push @lines, $line;

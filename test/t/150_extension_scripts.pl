@@ -232,7 +232,7 @@ note 'objects created by the scripts: ' . join(' ', sort keys %created);
 my %paren_keywords = map { $_ => 1 } qw(
   key as values check array exists row in using with unique exclude
   references default returns table setof variadic foreign primary
-  constraint include where and or not on filter over partition);
+  constraint include where and or not on filter over partition operator);
 
 # statement heads allowed at top level of an extension script
 my %allowed_heads = map { $_ => 1 }
@@ -514,7 +514,8 @@ is($node->safe_psql('fresh', q{
 	  FROM pg_extension e CROSS JOIN LATERAL unnest(e.extconfig) r(oid)
 	  JOIN pg_class c ON c.oid = r.oid
 	 WHERE e.extname = 'idempotency'}),
-	'idem_record,idem_token_seq', 'the record table and token sequence are dumped by pg_dump');
+	'idem_record,idem_token_epoch,idem_token_seq',
+	'the record table and the token sequences are dumped by pg_dump');
 
 # 3. a schema name cannot smuggle SQL into the install script, e.g. through
 #    a newline ending a -- comment that mentions the placeholder (the

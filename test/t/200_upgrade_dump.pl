@@ -1,20 +1,35 @@
 # Upgrades and dumps: a database created at 1.0 with records in flight is
-# updated to 1.1 in place, and a database using the extension survives
-# pg_dump / pg_restore with its records and its fencing tokens.
+# updated in place, and a database using the extension survives pg_dump /
+# pg_restore with its records and its fencing tokens.
+#
+# 1.0 -> 1.1 adds functions only: it goes through while a claim is
+# uncommitted.  1.1 -> 1.2 makes the token sequence unlogged, which takes an
+# exclusive lock on it: the update waits for transactions that drew a token
+# to end (or fails at lock_timeout, changing nothing), and everything in
+# flight carries on across it.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest;
+
 my $node = PostgreSQL::Test::Cluster->new('upgrade');
 $node->init;
 $node->start;
 
 my $db = 'postgres';
+sub version
+{
+	return $node->safe_psql($db,
+		"SELECT extversion FROM pg_extension WHERE extname = 'idempotency'");
+}
+
 $node->safe_psql($db, "CREATE EXTENSION idempotency VERSION '1.0'");
-is($node->safe_psql($db, "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
-	'1.0', 'created at 1.0');
+is(version(), '1.0', 'created at 1.0');
 
 # Records in flight at 1.0: a completed one, a committed pending one (an
 # external call under way), and an uncommitted in-transaction claim.
@@ -24,14 +39,13 @@ $node->safe_psql($db, q{
 });
 my $pending_token = $node->safe_psql($db,
 	"SELECT token FROM idem_begin('pay', 'pending', '\\x02'::bytea, lease => '1 hour')");
-my $owner = $node->background_psql($db);
-$owner->query_safe('BEGIN');
-my $intx_token = $owner->query_safe(
-	"SELECT token FROM idem_begin('pay', 'in-tx', '\\x03'::bytea)");
+my $owner = $node->background_psql($db, on_error_stop => 0);
+run_sql($owner, 'BEGIN;');
+my ($intx_token) = run_sql($owner,
+	"SELECT token FROM idem_begin('pay', 'in-tx', '\\x03'::bytea);");
 
-$node->safe_psql($db, 'ALTER EXTENSION idempotency UPDATE');
-is($node->safe_psql($db, "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
-	'1.1', 'updated to 1.1 while a claim was uncommitted');
+$node->safe_psql($db, "ALTER EXTENSION idempotency UPDATE TO '1.1'");
+is(version(), '1.1', 'updated to 1.1 while a claim was uncommitted');
 
 # Behaviour intact after the update
 is($node->safe_psql($db,
@@ -48,15 +62,48 @@ is($node->safe_psql($db,
 ok($node->safe_psql($db,
 		"SELECT idem_renew('pay', 'pending', $pending_token, '2 hours') > now() + interval '90 min'"),
 	'a claim made at 1.0 can be renewed with 1.1');
-$node->safe_psql($db,
-	"SELECT idem_finish('pay', 'pending', $pending_token, '{\"charge\": \"ch_2\"}')");
 
-$owner->query_safe("SELECT idem_finish('pay', 'in-tx', $intx_token, '{\"charge\": \"ch_3\"}')");
-$owner->query_safe('COMMIT');
+# 1.1 -> 1.2 while the claim is still uncommitted: with a lock_timeout the
+# update gives up and changes nothing ...
+($ret, $out, $err) = $node->psql($db,
+	"SET lock_timeout = '200ms'; ALTER EXTENSION idempotency UPDATE",
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/ERROR:  55P03/, 'update to 1.2 under lock_timeout: 55P03 while a claim is uncommitted');
+is(version(), '1.1', 'and changes nothing');
+is($node->safe_psql($db,
+		"SELECT relpersistence FROM pg_class WHERE relname = 'idem_token_seq'"),
+	'p', 'the token sequence is still logged');
+
+# ... without one it waits for the claim's transaction, which carries on
+my $dba = $node->background_psql($db, on_error_stop => 0);
+send_sql($dba, 'ALTER EXTENSION idempotency UPDATE;');
+ok( $node->poll_query_until($db, q{
+		SELECT count(*) = 1 FROM pg_locks
+		 WHERE relation = 'idem_token_seq'::regclass AND mode = 'AccessExclusiveLock'
+		   AND NOT granted}),
+	'update to 1.2: waits for the exclusive lock on the token sequence');
+my (undef, $state) = run_sql($owner,
+	"SELECT idem_finish('pay', 'in-tx', $intx_token, '{\"charge\": \"ch_3\"}');");
+is($state, '00000', 'the uncommitted claim finishes meanwhile');
+run_sql($owner, 'COMMIT;');
 $owner->quit;
+(undef, $state) = wait_sql($dba);
+is($state, '00000', 'its transaction over, the update completes');
+$dba->quit;
+is(version(), '1.2', 'updated to 1.2');
+
 is($node->safe_psql($db,
 		"SELECT response->>'charge' FROM idem_begin('pay', 'in-tx', '\\x03'::bytea)"),
 	'ch_3', 'claim that was uncommitted during the update finished and replays');
+ok($node->safe_psql($db,
+		"SELECT token > $intx_token FROM idem_begin('pay', 'after', NULL)") eq 't',
+	'tokens after the update are greater than before it');
+$node->safe_psql($db,
+	"SELECT idem_finish('pay', 'pending', $pending_token, '{\"charge\": \"ch_2\"}')");
+is($node->safe_psql($db,
+		"SELECT response->>'charge' FROM idem_begin('pay', 'pending', '\\x02'::bytea)"),
+	'ch_2', 'the claim committed at 1.0 finishes at 1.2 with its token');
+$node->safe_psql($db, "SELECT idem_abort('pay', 'after', (SELECT token FROM idem_record WHERE key = 'after'))");
 
 is($node->safe_psql($db,
 		"SELECT string_agg(operation || ':' || completed, ',') FROM idem_stats"),

@@ -1,0 +1,212 @@
+
+# Copyright (c) 2024, idempotency authors
+#
+# Fencing tokens are epoch << 32 | count (src/storage.c): the count comes
+# from the unlogged idem_token_seq, which crash recovery resets; the epoch
+# from the logged idem_token_epoch, flushed (and sent to synchronous
+# standbys) before the epoch's first token is used.
+#
+# 1. Crash: the first claim after it starts a greater epoch, so every token
+#    after the crash is greater than every token before -- including the
+#    token of a claim still uncommitted at the crash.  The new epoch is
+#    durable the moment its first token is seen: a claim that took it and
+#    then rolled back, then a second crash (with the WAL writers frozen),
+#    and the next epoch is greater still.
+# 2. The count reaching the end of its epoch while eight sessions claim at
+#    once: distinct tokens, each session's increasing, none past the limit,
+#    and the epoch moved on by exactly one.
+# 3. A database still on 1.1 (logged token sequence, no epochs) on this
+#    library: its tokens too stay greater across a crash, and a pre-crash
+#    worker's late finish is fenced off.
+# 4. A synchronous standby: with it down, the first claim after a crash
+#    waits for it (wait event SyncRep) before it returns a token, and
+#    returns once the standby is back; after a fail-over to that standby,
+#    new tokens are greater than every token of the old primary.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest;
+
+my $COUNT_LIMIT = 4294967295 - 16777216;    # TOKEN_COUNT_LIMIT in storage.c
+
+my $node = PostgreSQL::Test::Cluster->new('epochs');
+$node->init;
+$node->append_conf('postgresql.conf', "autovacuum = off\n");
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+
+sub claim_token
+{
+	my ($db, $op, $key, $extra) = @_;
+	$extra = defined $extra ? ", $extra" : '';
+	return $node->safe_psql($db, qq{
+		SELECT token FROM idem_begin('$op', '$key', NULL$extra)});
+}
+
+sub epoch_of { return $_[0] >> 32; }
+
+# Freeze the WAL writer and the background writer (SIGSTOP), so that WAL
+# still in memory stays there until the next crash; the immediate shutdown
+# then kills them (SIGKILL) with the rest.  What is then on disk after the
+# crash is what a backend itself wrote and flushed.
+sub hold_wal_writers
+{
+	for my $pid (split /\n/, $node->safe_psql('postgres', q{
+			SELECT pid FROM pg_stat_activity
+			 WHERE backend_type IN ('walwriter', 'background writer')}))
+	{
+		kill 'STOP', $pid or die "could not stop process $pid: $!";
+	}
+	return;
+}
+
+# ========== 1. crashes ==========
+
+my $t1 = claim_token('postgres', 'c', 'before', q{lease => '1h'});
+is(epoch_of($t1), 1, "the first token starts epoch 1: $t1");
+is($t1 & 0xFFFFFFFF, 1, 'with count 1');
+
+# a claim left uncommitted at the crash: its client has seen the token
+my $open = $node->background_psql('postgres', on_error_stop => 0);
+my ($t_open) = run_sql($open, q{BEGIN; SELECT token FROM idem_begin('c', 'open', NULL);});
+cmp_ok($t_open, '>', $t1, "an open transaction claimed with token $t_open");
+
+$node->stop('immediate');
+$open->quit;
+$node->start;
+
+my $t2 = claim_token('postgres', 'c', 'open', q{in_flight => 'raise'});
+cmp_ok(epoch_of($t2), '>', epoch_of($t_open), 'after the crash, a greater epoch: ' . epoch_of($t2));
+cmp_ok($t2, '>', $t_open, 'the key open at the crash gets a greater token');
+cmp_ok(claim_token('postgres', 'c', 'before', q{in_flight => 'raise'}), '>', $t2,
+	'and the next claim a greater one still');
+
+# The first claim of a new epoch rolls back, the WAL writers are frozen:
+# only the epoch's own flush can have put it on disk before the next crash.
+$node->stop('immediate');
+$node->start;
+hold_wal_writers();
+my $t_rolled_back = $node->safe_psql('postgres', q{
+	BEGIN;
+	SELECT token FROM idem_begin('c', 'rolled-back', NULL);
+	ROLLBACK;});
+cmp_ok(epoch_of($t_rolled_back), '>', epoch_of($t2),
+	"the first claim after the second crash started epoch " . epoch_of($t_rolled_back) . ' and rolled back');
+$node->stop('immediate');
+$node->start;
+my $t3 = claim_token('postgres', 'c', 'rolled-back');
+cmp_ok(epoch_of($t3), '>', epoch_of($t_rolled_back),
+	'after a third crash the epoch is greater still: ' . epoch_of($t3));
+cmp_ok($t3, '>', $t_rolled_back, 'as is the token of the key that rolled back');
+
+# ========== 2. the end of an epoch, under concurrency ==========
+
+my $epoch = epoch_of($t3);
+$node->safe_psql('postgres', q{SELECT setval('idem_token_seq', } .
+	(($epoch << 32) + $COUNT_LIMIT - 40) . ')');
+my $script = $node->basedir . '/roll.sql';
+PostgreSQL::Test::Utils::append_to_file($script, q{
+\set n :n + 1
+SELECT idem_begin('roll', :client_id || '-' || :n, NULL);
+});
+$node->command_ok(
+	[ 'pgbench', '-n', '-c', '8', '-j', '2', '-t', '25', '-D', 'n=0', '-f', $script,
+		$node->connstr('postgres') ],
+	'8 sessions claim 25 keys each across the end of the epoch');
+is( $node->safe_psql('postgres', q{
+		SELECT count(*) || '|' || count(DISTINCT token) FROM idem_record WHERE operation = 'roll'}),
+	'200|200', '200 claims, 200 distinct tokens');
+is( $node->safe_psql('postgres', qq{
+		SELECT string_agg(DISTINCT (token >> 32)::text, ',') FROM idem_record WHERE operation = 'roll'}),
+	$epoch . ',' . ($epoch + 1), 'in the old epoch and the next one');
+is( $node->safe_psql('postgres', qq{
+		SELECT count(*) FROM idem_record
+		 WHERE operation = 'roll' AND token & 4294967295 >= $COUNT_LIMIT}),
+	'0', 'no token counted past the limit');
+is( $node->safe_psql('postgres', q{
+		SELECT count(*) FROM (
+		  SELECT token < lag(token) OVER (PARTITION BY split_part(key, '-', 1)
+		                                  ORDER BY split_part(key, '-', 2)::int) AS back
+		    FROM idem_record WHERE operation = 'roll') s
+		 WHERE back}),
+	'0', "each session's tokens increase");
+is($node->safe_psql('postgres', 'SELECT last_value FROM idem_token_epoch'),
+	$epoch + 1, 'the epoch moved on by exactly one');
+
+# ========== 3. a database still on 1.1 ==========
+
+$node->safe_psql('postgres', 'CREATE DATABASE legacy');
+$node->safe_psql('legacy', q{CREATE EXTENSION idempotency VERSION '1.1'});
+$node->safe_psql('legacy', 'CHECKPOINT');
+hold_wal_writers();
+# The first nextval after the checkpoint WAL-logs the sequence's advance
+# (by 32 values), in a transaction that rolls back: not flushed.  The
+# worker's claim below uses a value that record covers, and commits having
+# written only the unlogged table.
+my $t_old = $node->safe_psql('legacy', q{
+	BEGIN;
+	SELECT token FROM idem_begin('l', 'first', NULL);
+	ROLLBACK;});
+my $t_worker = claim_token('legacy', 'l', 'worker', q{lease => '1h'});
+cmp_ok($t_worker, '>', $t_old, "1.1: a worker committed its claim with token $t_worker");
+$node->stop('immediate');
+$node->start;
+my $t_new = claim_token('legacy', 'l', 'worker', q{in_flight => 'raise'});
+cmp_ok($t_new, '>', $t_worker, '1.1: after a crash the key gets a greater token');
+my ($ret, $stdout, $stderr) = $node->psql('legacy',
+	qq{\\set VERBOSITY verbose\nSELECT idem_finish('l', 'worker', $t_worker, '"late"')});
+like($stderr, qr/ERROR:  IK412/, "1.1: the pre-crash worker's finish is fenced off");
+$node->safe_psql('legacy', q{ALTER EXTENSION idempotency UPDATE});
+cmp_ok(claim_token('legacy', 'l', 'after-update'), '>', $t_new,
+	'tokens keep increasing across the update to epochs');
+$node->stop;
+
+# ========== 4. a synchronous standby ==========
+
+my $primary = PostgreSQL::Test::Cluster->new('sync_primary');
+$primary->init(allows_streaming => 1);
+$primary->append_conf('postgresql.conf', "synchronous_standby_names = '*'\n");
+$primary->start;
+$primary->backup('b');
+my $standby = PostgreSQL::Test::Cluster->new('sync_standby');
+$standby->init_from_backup($primary, 'b', has_streaming => 1);
+# once promoted, it has no synchronous standby of its own to wait for
+$standby->append_conf('postgresql.conf', "synchronous_standby_names = ''\n");
+$standby->start;
+$primary->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+my $s1 = $primary->safe_psql('postgres', q{SELECT token FROM idem_begin('s', 'k1', NULL)});
+is(epoch_of($s1), 1, 'primary: epoch 1');
+
+$standby->stop;
+$primary->stop('immediate');
+$primary->start;
+my $session = $primary->background_psql('postgres', on_error_stop => 0);
+run_sql($session, 'BEGIN;');
+send_sql($session, q{SELECT token FROM idem_begin('s', 'k2', NULL);});
+ok( $primary->poll_query_until('postgres', q{
+		SELECT count(*) = 1 FROM pg_stat_activity
+		 WHERE wait_event = 'SyncRep' AND query LIKE '%idem_begin%'}),
+	'with the standby down, the first claim after a crash waits for it (SyncRep)');
+ok(!sql_done($session), 'and has not returned a token');
+$standby->start;
+my ($s2, $state) = wait_sql($session);
+is($state, '00000', 'the standby back, the claim returns');
+cmp_ok(epoch_of($s2), '>', epoch_of($s1), "with a greater epoch: $s2");
+run_sql($session, 'COMMIT;');
+$session->quit;
+my $s_max = $primary->safe_psql('postgres', q{SELECT token FROM idem_begin('s', 'k3', NULL)});
+
+$primary->stop('immediate');
+$standby->promote;
+my $s4 = $standby->safe_psql('postgres', q{SELECT token FROM idem_begin('s', 'k4', NULL)});
+cmp_ok($s4, '>', $s_max, 'after a fail-over, new tokens are greater than the old primary\'s');
+$standby->stop;
+
+done_testing();
