@@ -32,10 +32,13 @@
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
 #include "replication/syncrep.h"
+#include "replication/walsender.h"
+#include "replication/walsender_private.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -326,14 +329,19 @@ idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
  *	epoch	from idem_token_epoch, a logged sequence, flushed to disk and
  *			to synchronous standbys before the epoch's first token is used.
  *
+ * pg_dump carries the epoch, not the count: a restored database starts a
+ * new epoch, above every dumped one (the two could be caught out of step).
+ *
  * A count below 2^32 therefore means "no epoch since the last crash".  The
  * first backend to see it, under a lock on idem_token_epoch, takes the next
  * epoch -- greater than every earlier one, and durable -- and moves the
  * count to epoch << 32; a count nearing the end of its epoch does the same.
  * That is one flush per crash or per four billion tokens.  Values drawn
  * while that happens are discarded, never used: tokens need not be dense.
- * A backend draws at most two values past TOKEN_COUNT_LIMIT before the new
- * epoch is in place, so the 2^24 values to spare cannot run out.
+ * A new epoch starts by parking the count at 1, so draws made while it
+ * waits stay unusable; so between the draw that crosses TOKEN_COUNT_LIMIT
+ * and the parking, each backend draws at most twice: the 2^24 values to
+ * spare cannot run out.
  *
  * Versions before 1.2 have a logged idem_token_seq and no epochs: there a
  * claim's commit is made synchronous, which flushes the sequence's WAL.
@@ -364,6 +372,66 @@ sequence_lsn(Oid seqid)
 	return lsn;
 }
 
+/* Run setval(count sequence, value) as the sequence's owner */
+static void
+set_count(Oid seqid, int64 value, bool is_called)
+{
+	Relation	seq = relation_open(seqid, AccessShareLock);
+	Oid			owner = seq->rd_rel->relowner;
+	Oid			save_userid;
+	int			save_sec_context;
+
+	relation_close(seq, NoLock);
+
+	/* setval() checks for UPDATE on the sequence; the caller need not have it */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner,
+						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(seqid),
+						Int64GetDatum(value), BoolGetDatum(is_called));
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+}
+
+/*
+ * Wait until the synchronous standbys, if any, have flushed WAL up to lsn,
+ * as a synchronous commit would -- whatever this session's
+ * synchronous_commit says: an epoch serves every session.  A wait cut
+ * short (cancel, statement_timeout) is an error here, not the warning a
+ * commit gets: the epoch must not be used.
+ */
+static void
+wait_for_sync_standbys(XLogRecPtr lsn)
+{
+	int			nestlevel = NewGUCNestLevel();
+	bool		confirmed;
+
+	(void) set_config_option("synchronous_commit", "on", PGC_USERSET,
+							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	HOLD_INTERRUPTS();
+	SyncRepWaitForLSN(lsn, false);
+	RESUME_INTERRUPTS();
+	AtEOXact_GUC(true, nestlevel);
+
+	if (max_wal_senders == 0)
+		return;
+	LWLockAcquire(SyncRepLock, LW_SHARED);
+#ifdef SYNC_STANDBY_DEFINED
+	confirmed = !(WalSndCtl->sync_standbys_status & SYNC_STANDBY_DEFINED) ||
+		WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn;
+#else
+	confirmed = !WalSndCtl->sync_standbys_defined ||
+		WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn;
+#endif
+	LWLockRelease(SyncRepLock);
+	if (!confirmed)
+		ereport(ERROR,
+				(errcode(ERRCODE_QUERY_CANCELED),
+				 errmsg("canceled waiting for synchronous standbys to confirm a new idempotency token epoch"),
+				 errdetail("No token was handed out.")));
+	CHECK_FOR_INTERRUPTS();
+}
+
 /*
  * Take the next epoch, make it durable, and move the count to its start.
  * The caller holds the epoch lock.
@@ -371,36 +439,28 @@ sequence_lsn(Oid seqid)
 static void
 start_epoch(IdemStore *store)
 {
-	int64		epoch = nextval_internal(store->epoch_seq, false);
-	XLogRecPtr	lsn = sequence_lsn(store->epoch_seq);
-	Relation	seq;
-	Oid			owner;
-	Oid			save_userid;
-	int			save_sec_context;
+	int64		epoch;
+	XLogRecPtr	lsn;
 
+	/*
+	 * Park the count below 2^32 first: while this waits (for the disk, for
+	 * a standby), calls keep drawing from it, and those draws must stay
+	 * unusable however many there are.
+	 */
+	set_count(store->token_seq, 1, false);
+
+	epoch = nextval_internal(store->epoch_seq, false);
 	if (epoch >= (INT64CONST(1) << (63 - TOKEN_COUNT_BITS)))
 		ereport(ERROR,
 				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
 				 errmsg("idempotency token epochs are exhausted")));
 
 	/* the WAL that covers this epoch; done at once if nextval did not log */
+	lsn = sequence_lsn(store->epoch_seq);
 	XLogFlush(lsn);
-	SyncRepWaitForLSN(lsn, false);
+	wait_for_sync_standbys(lsn);
 
-	/*
-	 * setval() checks for UPDATE on the sequence, which the calling role
-	 * need not have: run it as the sequence's owner.
-	 */
-	seq = relation_open(store->token_seq, AccessShareLock);
-	owner = seq->rd_rel->relowner;
-	relation_close(seq, NoLock);
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner,
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
-	DirectFunctionCall2(setval_oid, ObjectIdGetDatum(store->token_seq),
-						Int64GetDatum(epoch << TOKEN_COUNT_BITS));
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	set_count(store->token_seq, epoch << TOKEN_COUNT_BITS, true);
 }
 
 int64
@@ -410,7 +470,18 @@ idem_store_next_token(IdemStore *store)
 
 	if (!OidIsValid(store->epoch_seq))
 	{
-		/* before 1.2: a logged sequence, flushed by a synchronous commit */
+		/*
+		 * Before 1.2 -- unless an update to 1.2 committed after we looked:
+		 * lock the sequence as nextval() would, which also takes in that
+		 * update's invalidations, and look again.
+		 */
+		LockRelationOid(store->token_seq, RowExclusiveLock);
+		store->epoch_seq = get_relname_relid("idem_token_epoch",
+											 get_rel_namespace(store->token_seq));
+	}
+	if (!OidIsValid(store->epoch_seq))
+	{
+		/* a logged sequence, flushed by a synchronous commit */
 		ForceSyncCommit();
 		return nextval_internal(store->token_seq, false);
 	}

@@ -17,10 +17,13 @@
 #    and the epoch moved on by exactly one.
 # 3. A database still on 1.1 (logged token sequence, no epochs) on this
 #    library: its tokens too stay greater across a crash, and a pre-crash
-#    worker's late finish is fenced off.
+#    worker's late finish is fenced off.  Then, with tokens past 2^32, the
+#    update to 1.2: tokens stay greater across it and across the next crash.
 # 4. A synchronous standby: with it down, the first claim after a crash
-#    waits for it (wait event SyncRep) before it returns a token, and
-#    returns once the standby is back; after a fail-over to that standby,
+#    waits for it (wait event SyncRep) before it returns a token -- also in a
+#    session with synchronous_commit = local -- and returns once the
+#    standby is back; a wait cut short by statement_timeout is an error
+#    (57014) that hands out no token; after a fail-over to that standby,
 #    new tokens are greater than every token of the old primary.
 
 use strict;
@@ -34,6 +37,7 @@ use FindBin;
 use lib $FindBin::RealBin;
 use IdemTest;
 
+my ($ret, $stdout, $stderr);
 my $COUNT_LIMIT = 4294967295 - 16777216;    # TOKEN_COUNT_LIMIT in storage.c
 
 my $node = PostgreSQL::Test::Cluster->new('epochs');
@@ -160,12 +164,19 @@ $node->stop('immediate');
 $node->start;
 my $t_new = claim_token('legacy', 'l', 'worker', q{in_flight => 'raise'});
 cmp_ok($t_new, '>', $t_worker, '1.1: after a crash the key gets a greater token');
-my ($ret, $stdout, $stderr) = $node->psql('legacy',
+($ret, $stdout, $stderr) = $node->psql('legacy',
 	qq{\\set VERBOSITY verbose\nSELECT idem_finish('l', 'worker', $t_worker, '"late"')});
 like($stderr, qr/ERROR:  IK412/, "1.1: the pre-crash worker's finish is fenced off");
+# tokens past 2^32 under 1.1, then the update to epochs, then a crash
+$node->safe_psql('legacy', q{SELECT setval('idem_token_seq', 5000000000)});
+my $t_big = claim_token('legacy', 'l', 'big');
 $node->safe_psql('legacy', q{ALTER EXTENSION idempotency UPDATE});
-cmp_ok(claim_token('legacy', 'l', 'after-update'), '>', $t_new,
-	'tokens keep increasing across the update to epochs');
+my $t_updated = claim_token('legacy', 'l', 'after-update');
+cmp_ok($t_updated, '>', $t_big, "tokens keep increasing across the update to epochs: $t_updated");
+$node->stop('immediate');
+$node->start;
+cmp_ok(claim_token('legacy', 'l', 'after-update-crash'), '>', $t_updated,
+	'and across the first crash after it');
 $node->stop;
 
 # ========== 4. a synchronous standby ==========
@@ -187,14 +198,28 @@ is(epoch_of($s1), 1, 'primary: epoch 1');
 $standby->stop;
 $primary->stop('immediate');
 $primary->start;
+
+# a wait cut short is an error, and hands out no token
+($ret, $stdout, $stderr) = $primary->psql('postgres', q{
+	SET statement_timeout = '500ms';
+	SELECT token FROM idem_begin('s', 'k2', NULL);},
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($stderr, qr/ERROR:  57014: canceled waiting for synchronous standbys to confirm a new idempotency token epoch/,
+	'with the standby down, a claim that starts an epoch waits; statement_timeout: 57014');
+is($primary->safe_psql('postgres', q{SELECT count(*) FROM idem_record WHERE key = 'k2'}),
+	'0', 'and no claim is left behind');
+
+# synchronous_commit = local in the session does not skip the wait
 my $session = $primary->background_psql('postgres', on_error_stop => 0);
-run_sql($session, 'BEGIN;');
+run_sql($session, 'SET synchronous_commit = local; BEGIN;');
 send_sql($session, q{SELECT token FROM idem_begin('s', 'k2', NULL);});
 ok( $primary->poll_query_until('postgres', q{
 		SELECT count(*) = 1 FROM pg_stat_activity
 		 WHERE wait_event = 'SyncRep' AND query LIKE '%idem_begin%'}),
-	'with the standby down, the first claim after a crash waits for it (SyncRep)');
+	'a claim in a synchronous_commit = local session waits for the standby too (SyncRep)');
 ok(!sql_done($session), 'and has not returned a token');
+cmp_ok($primary->safe_psql('postgres', 'SELECT last_value FROM idem_token_seq'), '<', 4294967296,
+	'meanwhile the count is parked below 2^32: what others draw from it is unusable');
 $standby->start;
 my ($s2, $state) = wait_sql($session);
 is($state, '00000', 'the standby back, the claim returns');
