@@ -36,10 +36,27 @@ SELECT pg_catalog.setval('idem_token_epoch',
 
 /*
  * The count starts over at 1, in the main fork and in the init fork that
- * crash recovery copies (SET UNLOGGED copied the old value there).
+ * crash recovery copies (SET UNLOGGED copied the old value there).  Its
+ * minimum goes down to -2^63: a new epoch parks it there while it waits.
  */
-ALTER SEQUENCE @extschema@.idem_token_seq RESTART WITH 1;
+ALTER SEQUENCE @extschema@.idem_token_seq
+	MINVALUE -9223372036854775808 RESTART WITH 1;
 
-/* Stop dumping the count: leaving the extension drops it from the dump list */
-ALTER EXTENSION idempotency DROP SEQUENCE @extschema@.idem_token_seq;
-ALTER EXTENSION idempotency ADD SEQUENCE @extschema@.idem_token_seq;
+/*
+ * Stop dumping the count: take it off the extension's configuration list,
+ * as pg_extension_config_dump put it there (ALTER EXTENSION DROP and ADD
+ * would do it too, but would make grants on it look like initial
+ * privileges to pg_dump).
+ */
+UPDATE pg_catalog.pg_extension e
+   SET extconfig = k.config, extcondition = k.condition
+  FROM (SELECT pg_catalog.array_agg(u.config ORDER BY u.n) AS config,
+			   pg_catalog.array_agg(u.condition ORDER BY u.n) AS condition
+		  FROM pg_catalog.pg_extension x,
+			   ROWS FROM (pg_catalog.unnest(x.extconfig),
+						  pg_catalog.unnest(x.extcondition))
+				 WITH ORDINALITY AS u(config, condition, n)
+		 WHERE x.extname OPERATOR(pg_catalog.=) 'idempotency'
+		   AND u.config OPERATOR(pg_catalog.<>)
+			   'idem_token_seq'::pg_catalog.regclass::pg_catalog.oid) k
+ WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency';

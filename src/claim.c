@@ -36,7 +36,9 @@
 #include "miscadmin.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 
 #include "idempotency.h"
 
@@ -341,6 +343,9 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 	}
 }
 
+static Oid	result_fn_oid = InvalidOid;
+static Oid	result_type = InvalidOid;
+
 Datum
 idem_begin(PG_FUNCTION_ARGS)
 {
@@ -355,6 +360,7 @@ idem_begin(PG_FUNCTION_ARGS)
 	ClaimStatus status;
 	TimestampTz waited_since;
 	TupleDesc	tupdesc;
+	HeapTuple	result;
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
 
@@ -403,18 +409,17 @@ idem_begin(PG_FUNCTION_ARGS)
 		idem_count(IDEM_COUNT_WAIT_TIME, GetCurrentTimestamp() - waited_since);
 	}
 
-	/* the result type's descriptor, blessed once per call site */
-	tupdesc = (TupleDesc) fcinfo->flinfo->fn_extra;
-	if (tupdesc == NULL)
+	/*
+	 * The result type, idem_claim: its OID is looked up once per backend
+	 * (a FROM-clause call gets a fresh FmgrInfo at every execution, so
+	 * fn_extra would not keep it), its descriptor comes from the type cache.
+	 */
+	if (fcinfo->flinfo->fn_oid != result_fn_oid)
 	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-
-		if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-			elog(ERROR, "idem_begin: return type must be a row type");
-		tupdesc = BlessTupleDesc(CreateTupleDescCopy(tupdesc));
-		fcinfo->flinfo->fn_extra = tupdesc;
-		MemoryContextSwitchTo(oldcxt);
+		result_type = get_func_rettype(fcinfo->flinfo->fn_oid);
+		result_fn_oid = fcinfo->flinfo->fn_oid;
 	}
+	tupdesc = lookup_rowtype_tupdesc(result_type, -1);
 
 	if (status == CLAIM_NEW)
 	{
@@ -428,7 +433,9 @@ idem_begin(PG_FUNCTION_ARGS)
 		nulls[1] = true;
 		values[2] = JsonbPGetDatum(rec.response);
 	}
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+	result = heap_form_tuple(tupdesc, values, nulls);
+	ReleaseTupleDesc(tupdesc);
+	PG_RETURN_DATUM(HeapTupleGetDatum(result));
 }
 
 /* ---- idem_finish, idem_abort, idem_renew ---- */

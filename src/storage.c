@@ -338,10 +338,10 @@ idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
  * count to epoch << 32; a count nearing the end of its epoch does the same.
  * That is one flush per crash or per four billion tokens.  Values drawn
  * while that happens are discarded, never used: tokens need not be dense.
- * A new epoch starts by parking the count at 1, so draws made while it
- * waits stay unusable; so between the draw that crosses TOKEN_COUNT_LIMIT
- * and the parking, each backend draws at most twice: the 2^24 values to
- * spare cannot run out.
+ * A new epoch starts by parking the count at its minimum, -2^63, so draws
+ * made while it waits stay unusable; between the draw that crosses
+ * TOKEN_COUNT_LIMIT and the parking, each backend draws at most twice: the
+ * 2^24 values to spare cannot run out.
  *
  * Versions before 1.2 have a logged idem_token_seq and no epochs: there a
  * claim's commit is made synchronous, which flushes the sequence's WAL.
@@ -399,12 +399,16 @@ set_count(Oid seqid, int64 value, bool is_called)
  * synchronous_commit says: an epoch serves every session.  A wait cut
  * short (cancel, statement_timeout) is an error here, not the warning a
  * commit gets: the epoch must not be used.
+ *
+ * Whether it was cut short is read off the standbys' confirmed flush
+ * position, with synchronous_standby_names as this backend sees it (only
+ * while a reload is under way can that differ from what the wait used).
  */
 static void
 wait_for_sync_standbys(XLogRecPtr lsn)
 {
 	int			nestlevel = NewGUCNestLevel();
-	bool		confirmed;
+	XLogRecPtr	confirmed;
 
 	(void) set_config_option("synchronous_commit", "on", PGC_USERSET,
 							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
@@ -413,18 +417,13 @@ wait_for_sync_standbys(XLogRecPtr lsn)
 	RESUME_INTERRUPTS();
 	AtEOXact_GUC(true, nestlevel);
 
-	if (max_wal_senders == 0)
+	if (max_wal_senders == 0 || SyncRepStandbyNames == NULL ||
+		SyncRepStandbyNames[0] == '\0')
 		return;
 	LWLockAcquire(SyncRepLock, LW_SHARED);
-#ifdef SYNC_STANDBY_DEFINED
-	confirmed = !(WalSndCtl->sync_standbys_status & SYNC_STANDBY_DEFINED) ||
-		WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn;
-#else
-	confirmed = !WalSndCtl->sync_standbys_defined ||
-		WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH] >= lsn;
-#endif
+	confirmed = WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH];
 	LWLockRelease(SyncRepLock);
-	if (!confirmed)
+	if (confirmed < lsn)
 		ereport(ERROR,
 				(errcode(ERRCODE_QUERY_CANCELED),
 				 errmsg("canceled waiting for synchronous standbys to confirm a new idempotency token epoch"),
@@ -443,11 +442,11 @@ start_epoch(IdemStore *store)
 	XLogRecPtr	lsn;
 
 	/*
-	 * Park the count below 2^32 first: while this waits (for the disk, for
-	 * a standby), calls keep drawing from it, and those draws must stay
-	 * unusable however many there are.
+	 * Park the count at its minimum, far below zero, first: while this
+	 * waits (for the disk, for a standby), calls keep drawing from it, and
+	 * those draws must stay unusable however many there are.
 	 */
-	set_count(store->token_seq, 1, false);
+	set_count(store->token_seq, PG_INT64_MIN, false);
 
 	epoch = nextval_internal(store->epoch_seq, false);
 	if (epoch >= (INT64CONST(1) << (63 - TOKEN_COUNT_BITS)))

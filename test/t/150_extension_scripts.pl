@@ -19,7 +19,9 @@
 #     @extschema@-qualified, every function call is schema-qualified, and
 #     expressions use OPERATOR(pg_catalog.op), never a bare operator;
 #  6. SECURITY DEFINER functions pin search_path (pg_catalog first, pg_temp
-#     last); no transaction control in a script;
+#     last); no transaction control in a script, and no DML but an UPDATE of
+#     the extension's own row of pg_catalog.pg_extension (what
+#     pg_extension_config_dump does, undone);
 #  7. the control file is consistent with the scripts (not relocatable as
 #     the scripts use @extschema@; default_version is reachable).
 #
@@ -232,7 +234,8 @@ note 'objects created by the scripts: ' . join(' ', sort keys %created);
 my %paren_keywords = map { $_ => 1 } qw(
   key as values check array exists row in using with unique exclude
   references default returns table setof variadic foreign primary
-  constraint include where and or not on filter over partition operator);
+  constraint include where and or not on filter over partition operator
+  from);
 
 # statement heads allowed at top level of an extension script
 my %allowed_heads = map { $_ => 1 }
@@ -304,7 +307,11 @@ for my $file (@scripts)
 		my $where = stmt_text($stmt);
 
 		# ---- rule 6 (part): only DDL/DCL and SELECTs of catalog functions
-		if ($head->{type} ne 'ident' || !$allowed_heads{ $head->{text} })
+		my $updates_extension_row = is_tok($head, 'update')
+		  && join(' ', map { $_->{text} } @$stmt[ 1 .. 3 ]) eq 'pg_catalog . pg_extension'
+		  && join(' ', map { $_->{text} } @$stmt) =~ / where \w+ \. extname operator \( pg_catalog \. = \) 'idempotency'$/;
+		if (($head->{type} ne 'ident' || !$allowed_heads{ $head->{text} })
+			&& !$updates_extension_row)
 		{
 			push @problems, "unexpected statement (transaction control or DML?): $where";
 			next;
@@ -365,8 +372,9 @@ for my $file (@scripts)
 				push @problems, "$t->{text} qualified with something else than \@extschema\@: $where"
 				  unless defined $schema && $schema->{type} eq 'extvar';
 			}
+			# (an alias with column names, AS u(a, b), is no call either)
 			if ($t->{type} eq 'ident' && is_tok($next, '(') && !$qualified
-				&& !$paren_keywords{ $t->{text} })
+				&& !$paren_keywords{ $t->{text} } && !is_tok($prev, 'as'))
 			{
 				push @problems, "unqualified function call or type $t->{text}(...): $where";
 			}
@@ -381,7 +389,14 @@ for my $file (@scripts)
 			{
 				# SET param = value, DEFAULT-less parameter lists use no
 				# operators; anything else must be OPERATOR(pg_catalog.op)
-				my $is_set = $t->{text} eq '=' && $j >= 2 && is_tok($stmt->[ $j - 2 ], 'set');
+				my $is_set = $t->{text} eq '=' && $j >= 2
+				  && (is_tok($stmt->[ $j - 2 ], 'set')
+					|| ($updates_extension_row && is_tok($stmt->[ $j - 2 ], ',')));
+				# the sign of a number in a sequence option (MINVALUE -9...)
+				my $is_sign = $t->{text} eq '-' && defined $prev && defined $next
+				  && $next->{text} =~ /^\d+$/
+				  && $prev->{text} =~ /^(?:minvalue|maxvalue|start|with|increment|by|restart)$/;
+				$is_set ||= $is_sign;
 				my $in_op_clause = $in_operator && $j >= 2 && is_tok($stmt->[ $j - 1 ], '.')
 				  && is_tok($stmt->[ $j - 2 ], 'pg_catalog');
 				push @problems, "bare operator $t->{text} (use OPERATOR(pg_catalog.$t->{text})): $where"
