@@ -20,7 +20,8 @@
  *								snapshot cannot see that result
  *
  * The key lock is held only between looking and writing; every sleep
- * happens without it.
+ * happens without it.  A replay is answered by a first look without the
+ * lock (claim_begin says why that is safe).
  *
  *-------------------------------------------------------------------------
  */
@@ -247,6 +248,22 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 	TimestampTz lock_deadline = 0;
 
 	*waited_since = 0;
+
+	/*
+	 * A replay needs no key lock: a live completed record that no other
+	 * transaction is changing stays as it is until its retention ends (a
+	 * finish, abort or renew of it writes nothing; purges and takeovers
+	 * touch only expired records), so what this look sees is the answer.
+	 * Replays of one key then never queue behind each other.  Anything else
+	 * is decided under the lock, looking again.
+	 */
+	if (idem_store_fetch(store, key, rec) &&
+		!TransactionIdIsValid(rec->busy_xid) && !IdemRecordIsPending(rec) &&
+		rec->in_snapshot && record_is_live(rec, GetCurrentTimestamp()))
+	{
+		check_fingerprint(key, rec, fingerprint);
+		return CLAIM_REPLAY;
+	}
 
 	for (;;)
 	{
