@@ -91,6 +91,13 @@ idem_store_init(void)
 	CacheRegisterRelcacheCallback(forget_relids, (Datum) 0);
 }
 
+/* The token epochs' sequence in schema nsp: InvalidOid before version 1.2 */
+static Oid
+epoch_seq_in(Oid nsp)
+{
+	return get_relname_relid("idem_token_epoch", nsp);
+}
+
 /*
  * Find the extension's objects in the schema of the calling function: the
  * extension is not relocatable, so they always live side by side.
@@ -110,8 +117,7 @@ lookup_relids(Oid fn_oid)
 		elog(ERROR, "idempotency: record table not found in schema \"%s\"",
 			 get_namespace_name(nsp));
 
-	/* the token epochs, from version 1.2 on */
-	epoch_seqid = get_relname_relid("idem_token_epoch", nsp);
+	epoch_seqid = epoch_seq_in(nsp);
 	token_seqid = seqid;
 	record_indexid = indexid;
 	record_relid = relid;
@@ -475,8 +481,7 @@ idem_store_next_token(IdemStore *store)
 		 * update's invalidations, and look again.
 		 */
 		LockRelationOid(store->token_seq, RowExclusiveLock);
-		store->epoch_seq = get_relname_relid("idem_token_epoch",
-											 get_rel_namespace(store->token_seq));
+		store->epoch_seq = epoch_seq_in(get_rel_namespace(store->token_seq));
 	}
 	if (!OidIsValid(store->epoch_seq))
 	{
