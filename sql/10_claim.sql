@@ -4,16 +4,24 @@
 \set VERBOSITY default
 
 -- A token is epoch << 32 | count.  The first claim in a database starts
--- epoch 1, taken from the logged idem_token_epoch and flushed; the count
--- comes from the unlogged idem_token_seq.
+-- an epoch, taken from the logged idem_token_epoch and flushed; the count
+-- comes from the unlogged idem_token_seq.  An epoch is never below the
+-- clock, in seconds since 2020-01-01, which orders tokens across a
+-- DROP EXTENSION and CREATE EXTENSION.
 SELECT token >> 32 AS epoch, token & 4294967295 AS count
-  FROM idem_begin('token.epoch', 'e1', NULL);
-SELECT idem_abort('token.epoch', 'e1', 4294967297);
-SELECT last_value AS last_epoch FROM idem_token_epoch;
+  FROM idem_begin('token.epoch', 'e1', NULL) \gset
+SELECT :epoch = last_value AS epoch_recorded,
+       :epoch BETWEEN extract(epoch FROM now() - '2020-01-01 UTC')::int8 - 60
+                  AND extract(epoch FROM now() - '2020-01-01 UTC')::int8 + 1
+         AS epoch_from_clock,
+       :count AS count
+  FROM idem_token_epoch;
+SELECT idem_abort('token.epoch', 'e1', (:epoch::int8 << 32) + 1);
 
 -- Tokens are compared below, not printed, except in the IK412 messages,
--- which name the token: this file moves the count of epoch 1 to a known
--- value so that those messages are stable: the next token is
+-- which name the token: this file moves the count to a known value of
+-- epoch 1 (a test only; tokens never go back by themselves) so that those
+-- messages are stable: the next token is
 -- (1 << 32) + 10000001 = 4304967297.
 SELECT setval('idem_token_seq', (1::int8 << 32) + 10000000) AS token_base;
 

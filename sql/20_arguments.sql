@@ -84,7 +84,7 @@ SELECT operation, length(key) AS key_chars, octet_length(key) AS key_bytes
 --
 SELECT idem_begin('args', 'policy', NULL, in_flight => 'foo');
 \echo :SQLSTATE
-SELECT idem_begin('args', 'policy', NULL, in_flight => 'RAISE');
+SELECT status FROM idem_begin('args', 'policy-upper', NULL, in_flight => 'RAISE');
 \echo :SQLSTATE
 SELECT idem_begin('args', 'policy', NULL, in_flight => '');
 \echo :SQLSTATE
@@ -179,3 +179,43 @@ SELECT idem_finish('args', 'size-64k', :big_token,
                    jsonb_build_object('blob', repeat('x', 60000)));
 SELECT length(response->>'blob') AS replayed_blob_length
   FROM idem_begin('args', 'size-64k', NULL);
+
+--
+-- The text form counts too: a replay sends the response as text, which can
+-- be far larger than the stored value (a control character takes six
+-- characters, a number such as 1e100000 a hundred thousand digits).  A
+-- response whose text form is over the limit is refused (54000) so that
+-- every stored response can be replayed.
+--
+SELECT token AS text_token FROM idem_begin('args', 'size-text', NULL) \gset
+SELECT pg_column_size('[1e100000]'::jsonb) < 100 AS small_when_stored;
+SELECT idem_finish('args', 'size-text', :text_token, '[1e100000]');
+\echo :SQLSTATE
+SELECT idem_finish('args', 'size-text', :text_token,
+                   jsonb_build_array(repeat(chr(1), 12000)));
+\echo :SQLSTATE
+SELECT idem_finish('args', 'size-text', :text_token, '[1e1000]');
+SELECT length(response::text) AS replayed_text_length
+  FROM idem_begin('args', 'size-text', NULL);
+
+--
+-- Fingerprints are at most 1024 bytes (a SHA-256 takes 32): a larger one
+-- is refused with 22023 and changes nothing.  IK422 shows a stored or
+-- requested fingerprint in hex, whole up to 64 bytes, cut beyond.
+--
+SELECT idem_begin('args', 'fp-huge', decode(repeat('ab', 1025), 'hex'));
+\echo :SQLSTATE
+SELECT count(*) AS fp_huge_records FROM idem_record WHERE key = 'fp-huge';
+SELECT idem_finish('args', 'fp-long',
+                   (idem_begin('args', 'fp-long', decode(repeat('ab', 1024), 'hex'))).token,
+                   '"long"');
+SELECT idem_begin('args', 'fp-long', decode(repeat('cd', 40), 'hex'));
+\echo :SQLSTATE
+
+--
+-- NULL arguments of idem_inspect are 22004, as everywhere else.
+--
+SELECT * FROM idem_inspect(NULL, 'k');
+\echo :SQLSTATE
+SELECT * FROM idem_inspect('args', NULL);
+\echo :SQLSTATE

@@ -85,8 +85,14 @@ idem_purge(PG_FUNCTION_ARGS)
 Datum
 idem_set_logged(PG_FUNCTION_ARGS)
 {
-	bool		logged = PG_GETARG_BOOL(0);
+	bool		logged;
 	char	   *query;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("argument \"logged\" of idem_set_logged must not be null")));
+	logged = PG_GETARG_BOOL(0);
 
 	query = psprintf("ALTER TABLE %s SET %s", record_table_name(fcinfo),
 					 logged ? "LOGGED" : "UNLOGGED");

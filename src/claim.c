@@ -150,9 +150,10 @@ policy_from_arg(FunctionCallInfo fcinfo, int argno)
 		return (IdemInFlightPolicy) idem_in_flight;
 
 	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
-	if (strcmp(name, "wait") == 0)
+	/* case-insensitive, as the setting idempotency.in_flight is */
+	if (pg_strcasecmp(name, "wait") == 0)
 		return IDEM_IN_FLIGHT_WAIT;
-	if (strcmp(name, "raise") == 0)
+	if (pg_strcasecmp(name, "raise") == 0)
 		return IDEM_IN_FLIGHT_RAISE;
 	ereport(ERROR,
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -163,12 +164,34 @@ policy_from_arg(FunctionCallInfo fcinfo, int argno)
 
 /* ---- errors ---- */
 
+/*
+ * A fingerprint for a message: hex, whole up to FINGERPRINT_SHOWN_BYTES
+ * (a SHA-256 is 32), cut beyond.
+ */
+#define FINGERPRINT_SHOWN_BYTES	64
+
 static char *
 fingerprint_text(const bytea *fp)
 {
+	StringInfoData buf;
+	Size		len;
+	static const char hex[] = "0123456789abcdef";
+
 	if (fp == NULL)
 		return "NULL";
-	return DatumGetCString(DirectFunctionCall1(byteaout, PointerGetDatum(fp)));
+	len = VARSIZE_ANY_EXHDR(fp);
+	initStringInfo(&buf);
+	appendStringInfoString(&buf, "\\x");
+	for (Size i = 0; i < Min(len, FINGERPRINT_SHOWN_BYTES); i++)
+	{
+		unsigned char c = ((const unsigned char *) VARDATA_ANY(fp))[i];
+
+		appendStringInfoChar(&buf, hex[c >> 4]);
+		appendStringInfoChar(&buf, hex[c & 0xF]);
+	}
+	if (len > FINGERPRINT_SHOWN_BYTES)
+		appendStringInfo(&buf, "... (%zu bytes)", len);
+	return buf.data;
 }
 
 static bool
@@ -217,8 +240,8 @@ raise_stale_token(const IdemKey *key, int64 token)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEMPOTENCY_STALE_TOKEN),
-			 errmsg("token " INT64_FORMAT " does not hold idempotency key \"%s\"",
-					token, text_to_cstring(key->key)),
+			 errmsg("token %lld does not hold idempotency key \"%s\"",
+					(long long) token, text_to_cstring(key->key)),
 			 errdetail("The claim was finished or aborted, or its lease lapsed and another attempt took the key over.")));
 }
 
@@ -270,6 +293,7 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 		IdemRecord	claim;
 		TimestampTz now;
 		bool		found;
+		Oid			relid;
 
 		/* reset before looking, so that a wake-up after the look counts */
 		ResetLatch(MyLatch);
@@ -317,7 +341,18 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 				*waited_since = now;
 			if (lock_deadline == 0 && LockTimeout > 0)
 				lock_deadline = TimestampTzPlusMilliseconds(now, LockTimeout);
-			idem_wait_for_wakeup(key, rec->expires_at, lock_deadline);
+
+			/*
+			 * Sleep without our lock on the table: a VACUUM FULL queued
+			 * behind it would hold up the owner's idem_finish, and the
+			 * deadlock detector cannot see a latch sleep.  (If this
+			 * transaction locked the table before this call, the lock
+			 * stays; the sleep then ends when someone queues behind it.)
+			 */
+			relid = RelationGetRelid(store->heap);
+			idem_store_close(store, true);
+			idem_wait_for_wakeup(key, rec->expires_at, lock_deadline, relid);
+			idem_store_open(store, store->fn_oid, store->lockmode);
 			continue;
 		}
 
@@ -330,7 +365,7 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 		}
 
 		/* absent or expired: claim it */
-		claim.token = idem_store_next_token(store);
+		claim.token = idem_next_token(store);
 		claim.fingerprint = fingerprint;
 		claim.ttl = *ttl;
 		claim.created_at = now;
@@ -383,6 +418,15 @@ idem_begin(PG_FUNCTION_ARGS)
 
 	idem_key_from_args(fcinfo, &key);
 	fingerprint = PG_ARGISNULL(2) ? NULL : PG_GETARG_BYTEA_PP(2);
+	if (fingerprint != NULL &&
+		VARSIZE_ANY_EXHDR(fingerprint) > IDEM_MAX_FINGERPRINT_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency fingerprint is too long"),
+				 errdetail("It has %zu bytes; at most %d are allowed.",
+						   (Size) VARSIZE_ANY_EXHDR(fingerprint),
+						   IDEM_MAX_FINGERPRINT_BYTES),
+				 errhint("Pass a hash of the request, such as idem_fingerprint(...).")));
 	policy = policy_from_arg(fcinfo, 3);
 
 	if (PG_ARGISNULL(4))
@@ -417,7 +461,7 @@ idem_begin(PG_FUNCTION_ARGS)
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
 	status = claim_begin(&store, &key, fingerprint, policy, lease, &ttl, &rec,
 						 &waited_since);
-	idem_store_close(&store);
+	idem_store_close(&store, false);
 
 	idem_count(status == CLAIM_NEW ? IDEM_COUNT_CLAIMS : IDEM_COUNT_REPLAYS, 1);
 	if (waited_since != 0)
@@ -488,7 +532,7 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 		TimestampTz now;
 		TM_Result	result;
 
-		if (!idem_store_fetch_claim(store, key, token, rec))
+		if (!idem_store_fetch(store, key, rec))
 			break;
 		if (TransactionIdIsValid(rec->busy_xid))
 		{
@@ -562,8 +606,43 @@ act_on_claim_for(FunctionCallInfo fcinfo, const char *fname, const IdemKey *key,
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
 	held = act_on_claim(&store, key, token, action, response, lease, rec);
-	idem_store_close(&store);
+	idem_store_close(&store, false);
 	return held;
+}
+
+static void
+response_too_large(bool as_text, Size size)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			 errmsg("idempotency response is too large"),
+			 as_text ?
+			 errdetail("Its text form takes %zu bytes; idempotency.max_response_size is %d bytes.",
+					   size, idem_max_response_size) :
+			 errdetail("The response takes %zu bytes; idempotency.max_response_size is %d bytes.",
+					   size, idem_max_response_size),
+			 errhint("Store the response elsewhere and finish with a reference to it.")));
+}
+
+/*
+ * A stored response must always be replayable: both its stored form and
+ * its text form, which is what a replay sends, must fit
+ * idempotency.max_response_size.  The text form can be far larger than the
+ * stored one (a control character takes six characters, a number such as
+ * 1e100000 a hundred thousand digits); the setting's maximum keeps it, even
+ * quoted inside a row, well below PostgreSQL's 1 GB limit for one value.
+ */
+static void
+check_response_size(Jsonb *response)
+{
+	char	   *text;
+
+	if (VARSIZE(response) > (Size) idem_max_response_size)
+		response_too_large(false, VARSIZE(response));
+	text = JsonbToCString(NULL, &response->root, VARSIZE(response));
+	if (strlen(text) > (Size) idem_max_response_size)
+		response_too_large(true, strlen(text));
+	pfree(text);
 }
 
 Datum
@@ -580,13 +659,7 @@ idem_finish(PG_FUNCTION_ARGS)
 	require_not_null(fcinfo, 3, "response",
 					 "Use idem_abort to release a claim without a result.");
 	response = PG_GETARG_JSONB_P(3);
-	if (VARSIZE(response) > (Size) idem_max_response_size)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("idempotency response is too large"),
-				 errdetail("The response takes %zu bytes; idempotency.max_response_size is %d bytes.",
-						   (Size) VARSIZE(response), idem_max_response_size),
-				 errhint("Store the response elsewhere and finish with a reference to it.")));
+	check_response_size(response);
 
 	held = act_on_claim_for(fcinfo, "idem_finish()", &key, token, CLAIM_FINISH,
 							response, 0, &rec);

@@ -81,7 +81,7 @@ _PG_init(void)
 							&idem_max_response_size,
 							64 * 1024,
 							1,
-							MaxAllocSize / 2,
+							IDEM_MAX_RESPONSE_SIZE,
 							PGC_SUSET,
 							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);

@@ -35,6 +35,10 @@
 
 /* Longest operation or key, in characters */
 #define IDEM_MAX_KEY_CHARS		255
+/* Longest fingerprint, in bytes (a SHA-256 takes 32) */
+#define IDEM_MAX_FINGERPRINT_BYTES	1024
+/* Largest idempotency.max_response_size: see check_response_size */
+#define IDEM_MAX_RESPONSE_SIZE		(256 * 1024 * 1024)
 /* Shortest retention a record may be given */
 #define IDEM_MIN_TTL			(60 * USECS_PER_SEC)
 /* Longest lease or retention accepted, to keep timestamps in range */
@@ -72,7 +76,10 @@ typedef struct IdemKey
 typedef struct IdemStore
 {
 	Relation	heap;
-	Relation	index;
+	Relation	index;			/* the table's primary key */
+	LOCKMODE	lockmode;		/* of both */
+	Oid			fn_oid;			/* the SQL function that opened them */
+	Oid			extension;		/* the extension that owns them */
 	Oid			token_seq;		/* idem_token_seq: the count */
 	Oid			epoch_seq;		/* idem_token_epoch; InvalidOid before 1.2 */
 } IdemStore;
@@ -99,12 +106,9 @@ typedef struct IdemRecord
 #define IdemRecordIsPending(rec)	((rec)->response == NULL)
 
 extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode);
-extern void idem_store_close(IdemStore *store);
+extern void idem_store_close(IdemStore *store, bool release);
 extern bool idem_store_fetch(IdemStore *store, const IdemKey *key,
 							 IdemRecord *rec);
-extern bool idem_store_fetch_claim(IdemStore *store, const IdemKey *key,
-								   int64 token, IdemRecord *rec);
-extern int64 idem_store_next_token(IdemStore *store);
 extern void idem_store_insert(IdemStore *store, const IdemKey *key,
 							  const IdemRecord *rec);
 extern TM_Result idem_store_update(IdemStore *store, const IdemKey *key,
@@ -115,7 +119,12 @@ typedef void (*IdemRecordCallback) (void *arg, text *operation, bool pending,
 extern void idem_store_scan_role(IdemStore *store, Oid role,
 								 IdemRecordCallback fn, void *arg);
 extern Oid	idem_store_relid(Oid fn_oid);
+extern Oid	idem_store_member(IdemStore *store, const char *name);
 extern void idem_store_init(void);
+
+/* ---- fencing tokens (tokens.c) ---- */
+
+extern int64 idem_next_token(IdemStore *store);
 
 /* ---- claim logic (claim.c) ---- */
 
@@ -152,7 +161,7 @@ extern void idem_lock_key(const IdemKey *key);
 extern void idem_unlock_key(const IdemKey *key);
 extern void idem_wait_for_xact(TransactionId xid);
 extern void idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
-								 TimestampTz lock_deadline);
+								 TimestampTz lock_deadline, Oid relid);
 extern void idem_wake_waiters(const IdemKey *key);
 
 #endif							/* IDEMPOTENCY_H */

@@ -41,6 +41,7 @@
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
+#include "pg_compat.h"
 
 /* Advisory lock classes owned by this extension ('I','K' + 0 / 1) */
 #define IDEM_LOCK_CLASS_KEY		0x494B
@@ -81,6 +82,34 @@ idem_wait_for_xact(TransactionId xid)
 }
 
 /*
+ * The modes in which this transaction still holds a lock on relation relid
+ * (one the functions of this extension take), as a bit mask; *tag is set to
+ * the relation's lock tag.
+ */
+static LOCKMASK
+relation_locks_held(Oid relid, LOCKTAG *tag)
+{
+	static const LOCKMODE modes[] = {AccessShareLock, RowExclusiveLock};
+	LOCKMASK	held = 0;
+
+	SET_LOCKTAG_RELATION(*tag, MyDatabaseId, relid);
+	for (int i = 0; i < lengthof(modes); i++)
+		if (idem_lock_held_by_me(tag, modes[i]))
+			held |= LOCKBIT_ON(modes[i]);
+	return held;
+}
+
+/* Is anyone queued for a lock on the relation that conflicts with ours? */
+static bool
+relation_lock_has_waiters(const LOCKTAG *tag, LOCKMASK held)
+{
+	for (LOCKMODE mode = 1; mode <= MaxLockMode; mode++)
+		if ((held & LOCKBIT_ON(mode)) && LockHasWaiters(tag, mode, false))
+			return true;
+	return false;
+}
+
+/*
  * Sleep until a finish or abort of the key wakes us, or until "until" (the
  * lease end), whichever comes first.  Called with the key lock held; it is
  * released here, after registering as a waiter, so a finish that takes the
@@ -89,14 +118,23 @@ idem_wait_for_xact(TransactionId xid)
  * not lost.
  *
  * lock_deadline (0: none) is when lock_timeout expires for this call.
+ *
+ * The caller gives back its own lock on the record table (relid) first.
+ * If the transaction still holds one from before, a maintenance command
+ * (VACUUM FULL, CLUSTER, idem_set_logged) that queues behind it would also
+ * hold up the idem_finish we wait for, in a cycle the deadlock detector
+ * cannot see: we are on a latch, not in the lock table.  So the sleep looks
+ * at the queue every deadlock_timeout and ends with the deadlock error if
+ * anyone waits there.
  */
 void
 idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
-					 TimestampTz lock_deadline)
+					 TimestampTz lock_deadline, Oid relid)
 {
 	LOCKTAG		tag;
+	LOCKTAG		reltag;
+	LOCKMASK	held;
 	TimestampTz now = GetCurrentTimestamp();
-	long		timeout_ms;
 
 	if (lock_deadline != 0 && lock_deadline <= now)
 		ereport(ERROR,
@@ -106,19 +144,40 @@ idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
 	if (lock_deadline != 0 && lock_deadline < until)
 		until = lock_deadline;
 
-	/* round up: waking a little early would just sleep again */
-	timeout_ms = (long) ((until - now + 999) / 1000);
-	if (timeout_ms < 1)
-		timeout_ms = 1;
+	held = relation_locks_held(relid, &reltag);
 
 	key_locktag(&tag, key, IDEM_LOCK_CLASS_WAITER);
 	(void) LockAcquire(&tag, AccessShareLock, false, false);
 	idem_unlock_key(key);
 
-	(void) WaitLatch(MyLatch,
-					 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-					 timeout_ms,
-					 PG_WAIT_EXTENSION);
+	for (;;)
+	{
+		/* round up: waking a little early would just sleep again */
+		long		timeout_ms = (long) ((until - now + 999) / 1000);
+		int			rc;
+
+		if (timeout_ms < 1)
+			timeout_ms = 1;
+		if (held != 0 && timeout_ms > DeadlockTimeout)
+			timeout_ms = DeadlockTimeout;
+
+		rc = WaitLatch(MyLatch,
+					   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					   timeout_ms,
+					   PG_WAIT_EXTENSION);
+		now = GetCurrentTimestamp();
+		if ((rc & WL_LATCH_SET) || now >= until || held == 0)
+			break;
+		if (relation_lock_has_waiters(&reltag, held))
+		{
+			LockRelease(&tag, AccessShareLock, false);
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_DEADLOCK_DETECTED),
+					 errmsg("deadlock detected while waiting for another attempt at an idempotency key"),
+					 errdetail("This transaction holds a lock on the record table that another command is waiting for, and the attempt it waits for would need that lock after the command."),
+					 errhint("Retry the transaction.")));
+		}
+	}
 
 	LockRelease(&tag, AccessShareLock, false);
 	CHECK_FOR_INTERRUPTS();
@@ -139,7 +198,7 @@ idem_wake_waiters(const IdemKey *key)
 	for (vxid = GetLockConflicts(&tag, AccessExclusiveLock, NULL);
 		 VirtualTransactionIdIsValid(*vxid); vxid++)
 	{
-		PGPROC	   *proc = BackendIdGetProc(vxid->backendId);
+		PGPROC	   *proc = IdemVxidGetProc(vxid);
 
 		if (proc != NULL)
 			SetLatch(&proc->procLatch);

@@ -200,7 +200,7 @@ idem_stats_records(PG_FUNCTION_ARGS)
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
 	idem_store_scan_role(&store, GetUserId(), count_record, &st);
-	idem_store_close(&store);
+	idem_store_close(&store, false);
 	emit_group(&st);
 
 	return (Datum) 0;
@@ -222,7 +222,7 @@ idem_inspect(PG_FUNCTION_ARGS)
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
 	found = idem_store_fetch(&store, &key, &rec);
-	idem_store_close(&store);
+	idem_store_close(&store, false);
 
 	if (found)
 	{
@@ -244,7 +244,7 @@ idem_inspect(PG_FUNCTION_ARGS)
 		nulls[5] = pending;
 		values[6] = TimestampTzGetDatum(rec.expires_at);	/* retention end */
 		nulls[6] = pending;
-		values[7] = BoolGetDatum(rec.uncommitted || rec.mine);
+		values[7] = BoolGetDatum(TransactionIdIsValid(rec.busy_xid) || rec.mine);
 		values[8] = PointerGetDatum(rec.response);
 		nulls[8] = pending;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);

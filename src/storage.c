@@ -1,15 +1,23 @@
 /*-------------------------------------------------------------------------
  *
  * storage.c
- *	  Direct access to the record table, its primary key and the token
- *	  sequence.
+ *	  Access to the record table: looking records up, and writing them
+ *	  through the executor.
  *
- * The core functions read and write idem_record with the heap and index
- * access methods, not SQL: no parsing or planning per call, no privilege
- * checks on a table PUBLIC cannot touch, and -- what SQL cannot give --
- * a look at the newest version of a record through a dirty snapshot,
- * which tells whether another transaction is inserting or changing it
- * right now and which transaction to wait for.
+ * Reads go straight to the primary key index with a dirty snapshot, which
+ * SQL cannot do: it shows the newest version of a record even while another
+ * transaction is inserting or changing it, and which transaction that is,
+ * so the caller can wait for it.
+ *
+ * Writes go through the executor, as logical replication's apply worker
+ * writes a table (ExecOpenIndices, ExecSimpleRelationInsert/Update/Delete):
+ * every index the catalog marks ready -- one a DBA added, one REINDEX
+ * CONCURRENTLY is building -- constraints, and row triggers (pg_repack's
+ * log trigger among them) see every write, as they would an INSERT.  No
+ * physical location is kept from one call to the next: a rewrite of the
+ * table (VACUUM FULL, CLUSTER, SET LOGGED) between two calls moves every
+ * row.  Within a call the table stays locked, so a location read is good
+ * until the call ends.
  *
  * This file knows the table's shape; claim.c decides what to do with a
  * record.
@@ -19,33 +27,30 @@
 #include "postgres.h"
 
 #include "access/genam.h"
-#include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/xact.h"
 #include "access/xlog.h"
-#include "catalog/index.h"
-#include "catalog/namespace.h"
+#include "catalog/dependency.h"
 #include "catalog/pg_collation_d.h"
-#include "commands/sequence.h"
+#include "catalog/pg_extension_d.h"
+#include "catalog/pg_proc_d.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
-#include "replication/syncrep.h"
-#include "replication/walsender.h"
-#include "replication/walsender_private.h"
-#include "storage/bufmgr.h"
+#include "nodes/makefuncs.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
-#include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
-#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
 #include "idempotency.h"
+#include "pg_compat.h"
 
 /* Column numbers of idem_record; see the install script */
 #define Anum_role_id		1
@@ -61,13 +66,13 @@
 #define Natts_record		10
 
 /*
- * OIDs of the extension's objects, looked up once per backend.  A relcache
+ * The extension's objects, looked up once per backend.  A relcache
  * invalidation of one of them (DROP EXTENSION, ALTER EXTENSION UPDATE)
- * forgets them.
+ * forgets them.  Only OIDs are kept: the primary key index is asked of the
+ * table at every open, since REINDEX CONCURRENTLY replaces it.
  */
-static IndexInfo *record_index_info = NULL;	/* in CacheMemoryContext */
+static Oid	extension_oid = InvalidOid;
 static Oid	record_relid = InvalidOid;
-static Oid	record_indexid = InvalidOid;
 static Oid	token_seqid = InvalidOid;
 static Oid	epoch_seqid = InvalidOid;	/* InvalidOid before version 1.2 */
 
@@ -75,14 +80,8 @@ static void
 forget_relids(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == record_relid ||
-		relid == record_indexid || relid == token_seqid ||
-		relid == epoch_seqid)
-	{
-		record_relid = record_indexid = token_seqid = epoch_seqid = InvalidOid;
-		if (record_index_info != NULL)
-			pfree(record_index_info);
-		record_index_info = NULL;
-	}
+		relid == token_seqid || relid == epoch_seqid)
+		extension_oid = record_relid = token_seqid = epoch_seqid = InvalidOid;
 }
 
 void
@@ -91,36 +90,54 @@ idem_store_init(void)
 	CacheRegisterRelcacheCallback(forget_relids, (Datum) 0);
 }
 
-/* The token epochs' sequence in schema nsp: InvalidOid before version 1.2 */
+/*
+ * The relation called name in the extension's schema, if the extension owns
+ * it; InvalidOid otherwise.  A name alone proves nothing: whoever may CREATE
+ * in that schema can create an object of that name.
+ */
 static Oid
-epoch_seq_in(Oid nsp)
+member_relid(Oid extoid, Oid nsp, const char *name)
 {
-	return get_relname_relid("idem_token_epoch", nsp);
+	Oid			relid = get_relname_relid(name, nsp);
+
+	if (OidIsValid(relid) &&
+		getExtensionOfObject(RelationRelationId, relid) != extoid)
+		return InvalidOid;
+	return relid;
+}
+
+Oid
+idem_store_member(IdemStore *store, const char *name)
+{
+	return member_relid(store->extension, get_rel_namespace(store->token_seq),
+						name);
 }
 
 /*
- * Find the extension's objects in the schema of the calling function: the
- * extension is not relocatable, so they always live side by side.
+ * Find the extension's objects beside the calling function, which must be
+ * the extension's own (the extension is not relocatable).
  */
 static void
 lookup_relids(Oid fn_oid)
 {
+	Oid			extoid = getExtensionOfObject(ProcedureRelationId, fn_oid);
 	Oid			nsp = get_func_namespace(fn_oid);
 	Oid			relid,
-				indexid,
 				seqid;
 
-	relid = get_relname_relid("idem_record", nsp);
-	indexid = get_relname_relid("idem_record_pkey", nsp);
-	seqid = get_relname_relid("idem_token_seq", nsp);
-	if (!OidIsValid(relid) || !OidIsValid(indexid) || !OidIsValid(seqid))
-		elog(ERROR, "idempotency: record table not found in schema \"%s\"",
+	if (!OidIsValid(extoid))
+		elog(ERROR, "idempotency: function %u is not a member of the extension",
+			 fn_oid);
+	relid = member_relid(extoid, nsp, "idem_record");
+	seqid = member_relid(extoid, nsp, "idem_token_seq");
+	if (!OidIsValid(relid) || !OidIsValid(seqid))
+		elog(ERROR, "idempotency: the extension's record table is missing from schema \"%s\"",
 			 get_namespace_name(nsp));
 
-	epoch_seqid = epoch_seq_in(nsp);
+	epoch_seqid = member_relid(extoid, nsp, "idem_token_epoch");
 	token_seqid = seqid;
-	record_indexid = indexid;
 	record_relid = relid;
+	extension_oid = extoid;
 }
 
 Oid
@@ -132,14 +149,14 @@ idem_store_relid(Oid fn_oid)
 }
 
 /*
- * Open the table and its index: RowExclusiveLock to write, AccessShareLock
- * to only read (which also works on a standby).
+ * Open the table and its primary key: RowExclusiveLock to write,
+ * AccessShareLock to only read (which also works on a standby).
  */
 void
 idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 {
-	Oid			relid,
-				indexid;
+	Oid			relid;
+	Oid			pkey;
 
 	if (!OidIsValid(record_relid))
 		lookup_relids(fn_oid);
@@ -149,9 +166,11 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	 * OIDs (an ANALYZE of the table does): use copies.
 	 */
 	relid = record_relid;
-	indexid = record_indexid;
+	store->extension = extension_oid;
 	store->token_seq = token_seqid;
 	store->epoch_seq = epoch_seqid;
+	store->lockmode = lockmode;
+	store->fn_oid = fn_oid;
 
 	store->heap = table_open(relid, lockmode);
 
@@ -163,42 +182,29 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 				 errmsg("idempotency records cannot be read during recovery"),
 				 errdetail("The record table is unlogged: it is not replicated to standbys."),
 				 errhint("Read them on the primary, or make the table logged there with idem_set_logged(true).")));
-	store->index = index_open(indexid, lockmode);
+
+	pkey = RelationGetPrimaryKeyIndex(store->heap);
+	if (!OidIsValid(pkey))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s\" has no primary key",
+						RelationGetRelationName(store->heap)),
+				 errhint("Restore its primary key on (role_id, operation, key).")));
+	store->index = index_open(pkey, lockmode);
 }
 
+/*
+ * Close the table and its index.  release: give the locks back now rather
+ * than at the end of the transaction (a lock the transaction held before
+ * the open stays held).
+ */
 void
-idem_store_close(IdemStore *store)
+idem_store_close(IdemStore *store, bool release)
 {
-	index_close(store->index, NoLock);
-	table_close(store->heap, NoLock);
-}
+	LOCKMODE	mode = release ? store->lockmode : NoLock;
 
-/* The claim this backend inserted last (see idem_store_fetch_claim) */
-static struct
-{
-	Oid			relid;
-	Oid			role;
-	int64		token;
-	ItemPointerData tid;
-}			last_claim;
-
-static bool
-text_equal(Datum a, const text *b)
-{
-	text	   *t = DatumGetTextPP(a);
-
-	return VARSIZE_ANY_EXHDR(t) == VARSIZE_ANY_EXHDR(b) &&
-		memcmp(VARDATA_ANY(t), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b)) == 0;
-}
-
-static bool
-slot_matches_key(TupleTableSlot *slot, const IdemKey *key)
-{
-	bool		isnull;
-
-	return DatumGetObjectId(slot_getattr(slot, Anum_role_id, &isnull)) == key->role &&
-		text_equal(slot_getattr(slot, Anum_operation, &isnull), key->operation) &&
-		text_equal(slot_getattr(slot, Anum_key, &isnull), key->key);
+	index_close(store->index, mode);
+	table_close(store->heap, mode);
 }
 
 /*
@@ -267,7 +273,7 @@ idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 						   PointerGetDatum(key->key));
 
 	slot = table_slot_create(store->heap, NULL);
-	scan = index_beginscan(store->heap, store->index, &dirty, 3, 0);
+	scan = idem_index_beginscan(store->heap, store->index, &dirty, 3, 0);
 	index_rescan(scan, skey, 3, NULL, 0);
 
 	/*
@@ -284,235 +290,74 @@ idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 	return found;
 }
 
-/*
- * Like idem_store_fetch, for the record that token should hold.  The claim
- * this backend made last is usually the one its next idem_finish settles
- * (in-transaction shape): it is read straight from where it was inserted,
- * without descending the index.  Any doubt -- the version was updated or
- * vacuumed away, the slot holds another row -- falls back to the index.
- */
-bool
-idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
-					   IdemRecord *rec)
-{
-	if (token == last_claim.token && key->role == last_claim.role &&
-		RelationGetRelid(store->heap) == last_claim.relid)
-	{
-		SnapshotData dirty;
-		TupleTableSlot *slot = table_slot_create(store->heap, NULL);
-		bool		found;
-
-		InitDirtySnapshot(dirty);
-		found = table_tuple_fetch_row_version(store->heap, &last_claim.tid,
-											  &dirty, slot) &&
-			slot_matches_key(slot, key);
-		if (found)
-			record_from_slot(store, slot, &dirty, rec);
-		ExecDropSingleTupleTableSlot(slot);
-		if (found && rec->token == token)
-			return true;
-	}
-	return idem_store_fetch(store, key, rec);
-}
+/* ---- writes ---- */
 
 /*
- * Fencing tokens: each greater than every token handed out before it, also
- * across a crash, a fail-over to a synchronous standby, or a dump and
- * restore.
- *
- * A sequence alone does not give that cheaply.  nextval() writes WAL only
- * every 32 values and leaves flushing it to the commit of a transaction
- * that writes WAL -- which a claim on the unlogged table does not -- so a
- * crash can roll the sequence back and hand a token out again, to another
- * attempt at the same key: fencing broken.  Flushing before every claim
- * commits fixes that at the price of a disk flush per 32 claims, which the
- * claims of all sessions end up waiting for.
- *
- * So a token has two parts, epoch << 32 | count:
- *
- *	count	from idem_token_seq, an UNLOGGED sequence: no WAL at all, and
- *			crash recovery (or promotion) resets it to its start, 1.
- *	epoch	from idem_token_epoch, a logged sequence, flushed to disk and
- *			to synchronous standbys before the epoch's first token is used.
- *
- * pg_dump carries the epoch, not the count: a restored database starts a
- * new epoch, above every dumped one (the two could be caught out of step).
- *
- * A count below 2^32 therefore means "no epoch since the last crash".  The
- * first backend to see it, under a lock on idem_token_epoch, takes the next
- * epoch -- greater than every earlier one, and durable -- and moves the
- * count to epoch << 32; a count nearing the end of its epoch does the same.
- * That is one flush per crash or per four billion tokens.  Values drawn
- * while that happens are discarded, never used: tokens need not be dense.
- * A new epoch starts by parking the count at its minimum, -2^63, so draws
- * made while it waits stay unusable; between the draw that crosses
- * TOKEN_COUNT_LIMIT and the parking, each backend draws at most twice: the
- * 2^24 values to spare cannot run out.
- *
- * Versions before 1.2 have a logged idem_token_seq and no epochs: there a
- * claim's commit is made synchronous, which flushes the sequence's WAL.
+ * One write through the executor: the table as the result relation of a
+ * one-entry range table, all of its indexes open, AFTER triggers collected
+ * for this write and fired when it is done.
  */
-#define TOKEN_COUNT_BITS	32
-#define TOKEN_COUNT_MASK	((INT64CONST(1) << TOKEN_COUNT_BITS) - 1)
-#define TOKEN_COUNT_LIMIT	(TOKEN_COUNT_MASK - (INT64CONST(1) << 24))
-
-static inline bool
-token_in_epoch(int64 value)
+typedef struct RecordWrite
 {
-	return (value >> TOKEN_COUNT_BITS) > 0 &&
-		(value & TOKEN_COUNT_MASK) < TOKEN_COUNT_LIMIT;
-}
+	EState	   *estate;
+	ResultRelInfo *rri;
+	EPQState	epq;
+	TupleTableSlot *slot;		/* the new version */
+	TupleTableSlot *oldslot;	/* the version replaced or deleted */
+} RecordWrite;
 
-/* The LSN of the newest WAL record of a sequence: its page's LSN */
-static XLogRecPtr
-sequence_lsn(Oid seqid)
-{
-	Relation	seq = relation_open(seqid, AccessShareLock);
-	Buffer		buf = ReadBuffer(seq, 0);
-	XLogRecPtr	lsn;
-
-	LockBuffer(buf, BUFFER_LOCK_SHARE);
-	lsn = PageGetLSN(BufferGetPage(buf));
-	UnlockReleaseBuffer(buf);
-	relation_close(seq, NoLock);
-	return lsn;
-}
-
-/* Run setval(count sequence, value) as the sequence's owner */
 static void
-set_count(Oid seqid, int64 value, bool is_called)
+write_begin(IdemStore *store, RecordWrite *w)
 {
-	Relation	seq = relation_open(seqid, AccessShareLock);
-	Oid			owner = seq->rd_rel->relowner;
-	Oid			save_userid;
-	int			save_sec_context;
+	RangeTblEntry *rte = makeNode(RangeTblEntry);
 
-	relation_close(seq, NoLock);
+	Assert(store->lockmode == RowExclusiveLock);
 
-	/* setval() checks for UPDATE on the sequence; the caller need not have it */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner,
-						   save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
-	DirectFunctionCall3(setval3_oid, ObjectIdGetDatum(seqid),
-						Int64GetDatum(value), BoolGetDatum(is_called));
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	w->estate = CreateExecutorState();
+	rte->rtekind = RTE_RELATION;
+	rte->relid = RelationGetRelid(store->heap);
+	rte->relkind = store->heap->rd_rel->relkind;
+	rte->rellockmode = RowExclusiveLock;
+	idem_init_range_table(w->estate, rte);
+
+	w->rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(w->rri, store->heap, 1, NULL, 0);
+	w->estate->es_output_cid = GetCurrentCommandId(true);
+	ExecOpenIndices(w->rri, false);
+	idem_epq_init(&w->epq, w->estate);
+
+	w->slot = table_slot_create(store->heap, &w->estate->es_tupleTable);
+	w->oldslot = table_slot_create(store->heap, &w->estate->es_tupleTable);
+
+	AfterTriggerBeginQuery();
 }
 
 /*
- * Wait until the synchronous standbys, if any, have flushed WAL up to lsn,
- * as a synchronous commit would -- whatever this session's
- * synchronous_commit says: an epoch serves every session.  A wait cut
- * short (cancel, statement_timeout) is an error here, not the warning a
- * commit gets: the epoch must not be used.
- *
- * Whether it was cut short is read off the standbys' confirmed flush
- * position, with synchronous_standby_names as this backend sees it (only
- * while a reload is under way can that differ from what the wait used).
+ * Fire the AFTER row triggers, release the executor state, and make the
+ * write visible to the rest of the statement: a later call in the same
+ * SELECT -- idem_finish on a claim idem_begin made in it -- must see it.
  */
 static void
-wait_for_sync_standbys(XLogRecPtr lsn)
+write_end(RecordWrite *w)
 {
-	int			nestlevel = NewGUCNestLevel();
-	XLogRecPtr	confirmed;
-
-	(void) set_config_option("synchronous_commit", "on", PGC_USERSET,
-							 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
-	HOLD_INTERRUPTS();
-	SyncRepWaitForLSN(lsn, false);
-	RESUME_INTERRUPTS();
-	AtEOXact_GUC(true, nestlevel);
-
-	if (max_wal_senders == 0 || SyncRepStandbyNames == NULL ||
-		SyncRepStandbyNames[0] == '\0')
-		return;
-	LWLockAcquire(SyncRepLock, LW_SHARED);
-	confirmed = WalSndCtl->lsn[SYNC_REP_WAIT_FLUSH];
-	LWLockRelease(SyncRepLock);
-	if (confirmed < lsn)
-		ereport(ERROR,
-				(errcode(ERRCODE_QUERY_CANCELED),
-				 errmsg("canceled waiting for synchronous standbys to confirm a new idempotency token epoch"),
-				 errdetail("No token was handed out.")));
-	CHECK_FOR_INTERRUPTS();
+	AfterTriggerEndQuery(w->estate);
+	EvalPlanQualEnd(&w->epq);
+	ExecCloseIndices(w->rri);
+	ExecResetTupleTable(w->estate->es_tupleTable, false);
+	FreeExecutorState(w->estate);
+	CommandCounterIncrement();
 }
 
-/*
- * Take the next epoch, make it durable, and move the count to its start.
- * The caller holds the epoch lock.
- */
 static void
-start_epoch(IdemStore *store)
+fill_slot(TupleTableSlot *slot, const IdemKey *key, const IdemRecord *rec)
 {
-	int64		epoch;
-	XLogRecPtr	lsn;
+	Datum	   *values = slot->tts_values;
+	bool	   *nulls = slot->tts_isnull;
 
-	/*
-	 * Park the count at its minimum, far below zero, first: while this
-	 * waits (for the disk, for a standby), calls keep drawing from it, and
-	 * those draws must stay unusable however many there are.
-	 */
-	set_count(store->token_seq, PG_INT64_MIN, false);
+	Assert(slot->tts_tupleDescriptor->natts == Natts_record);
 
-	epoch = nextval_internal(store->epoch_seq, false);
-	if (epoch >= (INT64CONST(1) << (63 - TOKEN_COUNT_BITS)))
-		ereport(ERROR,
-				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
-				 errmsg("idempotency token epochs are exhausted")));
-
-	/* the WAL that covers this epoch; done at once if nextval did not log */
-	lsn = sequence_lsn(store->epoch_seq);
-	XLogFlush(lsn);
-	wait_for_sync_standbys(lsn);
-
-	set_count(store->token_seq, epoch << TOKEN_COUNT_BITS, true);
-}
-
-int64
-idem_store_next_token(IdemStore *store)
-{
-	int64		value;
-
-	if (!OidIsValid(store->epoch_seq))
-	{
-		/*
-		 * Before 1.2 -- unless an update to 1.2 committed after we looked:
-		 * lock the sequence as nextval() would, which also takes in that
-		 * update's invalidations, and look again.
-		 */
-		LockRelationOid(store->token_seq, RowExclusiveLock);
-		store->epoch_seq = epoch_seq_in(get_rel_namespace(store->token_seq));
-	}
-	if (!OidIsValid(store->epoch_seq))
-	{
-		/* a logged sequence, flushed by a synchronous commit */
-		ForceSyncCommit();
-		return nextval_internal(store->token_seq, false);
-	}
-
-	for (;;)
-	{
-		value = nextval_internal(store->token_seq, false);
-		if (token_in_epoch(value))
-			return value;
-
-		LockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
-		value = nextval_internal(store->token_seq, false);
-		if (!token_in_epoch(value))
-			start_epoch(store);
-		UnlockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
-		if (token_in_epoch(value))
-			return value;
-	}
-}
-
-static HeapTuple
-form_record(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
-{
-	Datum		values[Natts_record];
-	bool		nulls[Natts_record];
-
-	memset(nulls, false, sizeof(nulls));
+	ExecClearTuple(slot);
+	memset(nulls, false, Natts_record * sizeof(bool));
 	values[Anum_role_id - 1] = ObjectIdGetDatum(key->role);
 	values[Anum_operation - 1] = PointerGetDatum(key->operation);
 	values[Anum_key - 1] = PointerGetDatum(key->key);
@@ -526,101 +371,85 @@ form_record(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 	values[Anum_expires_at - 1] = TimestampTzGetDatum(rec->expires_at);
 	values[Anum_response - 1] = JsonbPGetDatum(rec->response);
 	nulls[Anum_response - 1] = (rec->response == NULL);
-
-	return heap_form_tuple(RelationGetDescr(store->heap), values, nulls);
+	ExecStoreVirtualTuple(slot);
 }
 
-static void
-insert_index_entry(IdemStore *store, const IdemKey *key, HeapTuple tuple)
-{
-	Datum		values[3];
-	bool		nulls[3] = {false, false, false};
-
-	/* built once per backend: the index never changes shape */
-	if (record_index_info == NULL)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(CacheMemoryContext);
-
-		record_index_info = BuildIndexInfo(store->index);
-		MemoryContextSwitchTo(oldcxt);
-	}
-
-	values[0] = ObjectIdGetDatum(key->role);
-	values[1] = PointerGetDatum(key->operation);
-	values[2] = PointerGetDatum(key->key);
-
-	/*
-	 * The key lock already keeps two live versions of a key from existing;
-	 * the unique check is a second line of defence that costs one probe of a
-	 * page we just read.
-	 */
-	index_insert(store->index, values, nulls, &tuple->t_self, store->heap,
-				 UNIQUE_CHECK_YES, false, record_index_info);
-}
-
-/*
- * Each write is followed by CommandCounterIncrement so that a later call
- * in the same statement -- idem_finish on a claim idem_begin made in the
- * same SELECT -- sees and may update it.
- */
 void
 idem_store_insert(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 {
-	HeapTuple	tuple = form_record(store, key, rec);
+	RecordWrite w;
 
-	heap_insert(store->heap, tuple, GetCurrentCommandId(true), 0, NULL);
-	insert_index_entry(store, key, tuple);
-
-	last_claim.relid = RelationGetRelid(store->heap);
-	last_claim.role = key->role;
-	last_claim.token = rec->token;
-	last_claim.tid = tuple->t_self;
-
-	heap_freetuple(tuple);
-	CommandCounterIncrement();
+	write_begin(store, &w);
+	fill_slot(w.slot, key, rec);
+	ExecSimpleRelationInsert(w.rri, w.estate, w.slot);
+	write_end(&w);
 }
 
 /*
- * Replace the version rec->tid with rec's values.  A concurrent writer
- * (idem_purge, say) is waited for; if it changed or deleted the version
- * the result says so and nothing is written.
+ * Lock the version rec->tid for an update or delete, waiting for a
+ * concurrent writer (idem_purge, say).  TM_Ok: it is ours to change;
+ * otherwise it was changed or deleted meanwhile and the caller looks again.
+ * A version our own transaction wrote needs no lock: nobody else can
+ * change it before we commit.
+ */
+static TM_Result
+lock_version(IdemStore *store, const IdemRecord *rec, RecordWrite *w)
+{
+	TM_FailureData tmfd;
+	TM_Result	result;
+	ItemPointerData tid = rec->tid;
+
+	if (rec->mine)
+	{
+		if (!table_tuple_fetch_row_version(store->heap, &tid, SnapshotAny,
+										   w->oldslot))
+			elog(ERROR, "idempotency: record version (%u,%u) not found",
+				 ItemPointerGetBlockNumber(&tid),
+				 ItemPointerGetOffsetNumber(&tid));
+		return TM_Ok;
+	}
+
+	result = table_tuple_lock(store->heap, &tid, GetActiveSnapshot(),
+							  w->oldslot, GetCurrentCommandId(false),
+							  LockTupleExclusive, LockWaitBlock, 0, &tmfd);
+	if (result == TM_Invisible || result == TM_SelfModified)
+		elog(ERROR, "idempotency: record version not lockable (%d)", result);
+	return result;
+}
+
+/*
+ * Replace the version rec->tid with rec's values.  Anything but TM_Ok means
+ * the version was changed or deleted by a concurrent writer and nothing was
+ * written.
  */
 TM_Result
 idem_store_update(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 {
-	HeapTuple	tuple = form_record(store, key, rec);
-	ItemPointerData otid = rec->tid;
-	TM_FailureData tmfd;
-	LockTupleMode lockmode;
+	RecordWrite w;
 	TM_Result	result;
 
-	result = heap_update(store->heap, &otid, tuple, GetCurrentCommandId(true),
-						 InvalidSnapshot, true, &tmfd, &lockmode);
+	write_begin(store, &w);
+	result = lock_version(store, rec, &w);
 	if (result == TM_Ok)
 	{
-		if (!HeapTupleIsHeapOnly(tuple))
-			insert_index_entry(store, key, tuple);
-		CommandCounterIncrement();
+		fill_slot(w.slot, key, rec);
+		ExecSimpleRelationUpdate(w.rri, w.estate, &w.epq, w.oldslot, w.slot);
 	}
-	else if (result == TM_Invisible || result == TM_SelfModified)
-		elog(ERROR, "idempotency: record version not updatable (%d)", result);
-	heap_freetuple(tuple);
+	write_end(&w);
 	return result;
 }
 
 TM_Result
 idem_store_delete(IdemStore *store, const IdemRecord *rec)
 {
-	ItemPointerData tid = rec->tid;
-	TM_FailureData tmfd;
+	RecordWrite w;
 	TM_Result	result;
 
-	result = heap_delete(store->heap, &tid, GetCurrentCommandId(true),
-						 InvalidSnapshot, true, &tmfd, false);
+	write_begin(store, &w);
+	result = lock_version(store, rec, &w);
 	if (result == TM_Ok)
-		CommandCounterIncrement();
-	else if (result == TM_Invisible || result == TM_SelfModified)
-		elog(ERROR, "idempotency: record version not deletable (%d)", result);
+		ExecSimpleRelationDelete(w.rri, w.estate, &w.epq, w.oldslot);
+	write_end(&w);
 	return result;
 }
 
@@ -639,7 +468,7 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 	ScanKeyInit(&skey[0], Anum_role_id, BTEqualStrategyNumber, F_OIDEQ,
 				ObjectIdGetDatum(role));
 	slot = table_slot_create(store->heap, NULL);
-	scan = index_beginscan(store->heap, store->index, GetActiveSnapshot(), 1, 0);
+	scan = idem_index_beginscan(store->heap, store->index, GetActiveSnapshot(), 1, 0);
 	index_rescan(scan, skey, 1, NULL, 0);
 
 	while (index_getnext_slot(scan, ForwardScanDirection, slot))

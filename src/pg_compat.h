@@ -1,0 +1,86 @@
+/*-------------------------------------------------------------------------
+ *
+ * pg_compat.h
+ *	  Stand-ins for the server API differences between the PostgreSQL
+ *	  major versions the extension builds against (15 to 18).
+ *
+ * Each macro has one spelling in our code and expands to the call the
+ * server we are compiled against has.  Include it after postgres.h and the
+ * server headers (it tests PG_VERSION_NUM, from pg_config.h).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_PG_COMPAT_H
+#define IDEM_PG_COMPAT_H
+
+#include "access/genam.h"
+#include "executor/executor.h"
+#include "parser/parse_relation.h"
+#include "storage/lock.h"
+#include "storage/proc.h"
+
+/*
+ * PGPROC of the backend running a virtual transaction.  PostgreSQL 17
+ * replaced backend IDs by proc numbers: BackendIdGetProc(vxid.backendId)
+ * became ProcNumberGetProc(vxid.procNumber) (storage/procarray.h).
+ */
+#if PG_VERSION_NUM >= 170000
+#include "storage/procarray.h"
+#define IdemVxidGetProc(vxid)	ProcNumberGetProc((vxid)->procNumber)
+#else
+#include "storage/sinvaladt.h"
+#define IdemVxidGetProc(vxid)	BackendIdGetProc((vxid)->backendId)
+#endif
+
+/*
+ * index_beginscan: PostgreSQL 18 added an IndexScanInstrumentation *
+ * argument after the snapshot (NULL: no instrumentation).
+ */
+#if PG_VERSION_NUM >= 180000
+#define idem_index_beginscan(heap, index, snapshot, nkeys, norderbys) \
+	index_beginscan((heap), (index), (snapshot), NULL, (nkeys), (norderbys))
+#else
+#define idem_index_beginscan(heap, index, snapshot, nkeys, norderbys) \
+	index_beginscan((heap), (index), (snapshot), (nkeys), (norderbys))
+#endif
+
+/*
+ * A one-relation range table for an executor state that writes that
+ * relation: 16 added RTE permission infos, 18 the set of unpruned
+ * relations.
+ */
+static inline void
+idem_init_range_table(EState *estate, RangeTblEntry *rte)
+{
+#if PG_VERSION_NUM >= 160000
+	List	   *perminfos = NIL;
+
+	addRTEPermissionInfo(&perminfos, rte);
+#endif
+#if PG_VERSION_NUM >= 180000
+	ExecInitRangeTable(estate, list_make1(rte), perminfos,
+					   bms_make_singleton(1));
+#elif PG_VERSION_NUM >= 160000
+	ExecInitRangeTable(estate, list_make1(rte), perminfos);
+#else
+	ExecInitRangeTable(estate, list_make1(rte));
+#endif
+}
+
+/* EvalPlanQualInit: 16 added the list of result relations */
+#if PG_VERSION_NUM >= 160000
+#define idem_epq_init(epq, estate) \
+	EvalPlanQualInit((epq), (estate), NULL, NIL, -1, NIL)
+#else
+#define idem_epq_init(epq, estate) \
+	EvalPlanQualInit((epq), (estate), NULL, NIL, -1)
+#endif
+
+/* LockHeldByMe: 17 added "or a stronger mode" */
+#if PG_VERSION_NUM >= 170000
+#define idem_lock_held_by_me(tag, mode) LockHeldByMe((tag), (mode), false)
+#else
+#define idem_lock_held_by_me(tag, mode) LockHeldByMe((tag), (mode))
+#endif
+
+#endif							/* IDEM_PG_COMPAT_H */
