@@ -4,9 +4,23 @@
 --
 \set VERBOSITY default
 
--- Every test file is a new session: load the module so that its settings
--- are defined (not mere placeholders) before they are set.
-LOAD 'idempotency';
+-- Every test file is a new session, which has not loaded the library yet:
+-- a setting given now is a placeholder that PostgreSQL cannot check.  When
+-- the library loads, it warns and falls back to the default -- and every
+-- call then fails with 22023 rather than run with another policy than the
+-- one asked for, until a valid value is set.
+SET idempotency.in_flight = 'rasie';
+SET idempotency.lease = '0';
+SELECT status FROM idem_begin('settings', 'placeholder', NULL);
+\echo :SQLSTATE
+SET idempotency.in_flight = 'raise';
+SELECT status FROM idem_begin('settings', 'placeholder', NULL);
+\echo :SQLSTATE
+RESET idempotency.lease;
+SELECT status FROM idem_begin('settings', 'placeholder', NULL, in_flight => 'Raise');
+SELECT idem_abort('settings', 'placeholder', token)
+  FROM idem_inspect('settings', 'placeholder');
+RESET idempotency.in_flight;
 
 -- The defaults of the four settings idem_begin and idem_finish use.
 SHOW idempotency.in_flight;

@@ -416,6 +416,8 @@ idem_begin(PG_FUNCTION_ARGS)
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
 
+	idem_check_settings();
+
 	idem_key_from_args(fcinfo, &key);
 	fingerprint = PG_ARGISNULL(2) ? NULL : PG_GETARG_BYTEA_PP(2);
 	if (fingerprint != NULL &&
@@ -654,6 +656,8 @@ idem_finish(PG_FUNCTION_ARGS)
 	IdemRecord	rec;
 	bool		held;
 
+	idem_check_settings();
+
 	idem_key_from_args(fcinfo, &key);
 	token = required_token(fcinfo, 2);
 	require_not_null(fcinfo, 3, "response",
@@ -676,6 +680,8 @@ idem_abort(PG_FUNCTION_ARGS)
 	int64		token;
 	IdemRecord	rec;
 	bool		held;
+
+	idem_check_settings();
 
 	idem_key_from_args(fcinfo, &key);
 	token = required_token(fcinfo, 2);
@@ -700,6 +706,8 @@ idem_renew(PG_FUNCTION_ARGS)
 	int64		lease;
 	IdemRecord	rec;
 	bool		held;
+
+	idem_check_settings();
 
 	idem_key_from_args(fcinfo, &key);
 	token = required_token(fcinfo, 2);

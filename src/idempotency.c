@@ -32,6 +32,108 @@ int			idem_purge_batch_size = 1000;
 int			idem_purge_delay_ms = 10;
 char	   *idem_purge_databases = NULL;
 
+/*
+ * Settings given before the library was loaded (SET in a session that has
+ * not called an idem_* function yet, ALTER ROLE ... SET, postgresql.conf
+ * without preloading) are placeholders that PostgreSQL checks only when the
+ * library defines them, and an invalid one then becomes a WARNING and the
+ * default.  Running with another policy than the one asked for is worse
+ * than failing: such a value is remembered here, and every call fails with
+ * 22023 until the setting is given a valid value.
+ */
+typedef struct CheckedSetting
+{
+	const char *name;
+	char	   *placeholder;	/* its value before the library was loaded */
+	char	   *invalid_value;	/* that value, if invalid; NULL: valid */
+} CheckedSetting;
+
+enum
+{
+	CHECKED_IN_FLIGHT,
+	CHECKED_LEASE,
+	CHECKED_TTL,
+	CHECKED_MAX_RESPONSE_SIZE,
+	NUM_CHECKED_SETTINGS
+};
+
+static CheckedSetting checked[NUM_CHECKED_SETTINGS] = {
+	{"idempotency.in_flight"},
+	{"idempotency.lease"},
+	{"idempotency.ttl"},
+	{"idempotency.max_response_size"},
+};
+
+/* A valid value was assigned: whatever was given before no longer counts */
+static void
+assign_in_flight(int newval, void *extra)
+{
+	checked[CHECKED_IN_FLIGHT].invalid_value = NULL;
+}
+
+static void
+assign_lease(int newval, void *extra)
+{
+	checked[CHECKED_LEASE].invalid_value = NULL;
+}
+
+static void
+assign_ttl(int newval, void *extra)
+{
+	checked[CHECKED_TTL].invalid_value = NULL;
+}
+
+static void
+assign_max_response_size(int newval, void *extra)
+{
+	checked[CHECKED_MAX_RESPONSE_SIZE].invalid_value = NULL;
+}
+
+void
+idem_check_settings(void)
+{
+	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
+		if (checked[i].invalid_value != NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid value for parameter \"%s\": \"%s\"",
+							checked[i].name, checked[i].invalid_value),
+					 errdetail("The value was set before the idempotency library was loaded, so it could not be checked when it was set."),
+					 errhint("Set a valid value, or RESET the parameter.")));
+}
+
+/* Before the settings are defined: remember the placeholders' values */
+static void
+remember_placeholders(void)
+{
+	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
+	{
+		const char *value = GetConfigOption(checked[i].name, true, false);
+
+		if (value != NULL)
+			checked[i].placeholder = MemoryContextStrdup(TopMemoryContext, value);
+	}
+}
+
+/*
+ * After: check each placeholder value once more, silently and without
+ * applying it (PostgreSQL has applied it already, or warned and used the
+ * default).
+ */
+static void
+check_placeholders(void)
+{
+	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
+	{
+		char	   *value = checked[i].placeholder;
+
+		if (value != NULL &&
+			set_config_option(checked[i].name, value, PGC_SUSET, PGC_S_SESSION,
+							  GUC_ACTION_SET, false, DEBUG1, false) == 0)
+			checked[i].invalid_value = value;
+	}
+}
+
 static const struct config_enum_entry in_flight_options[] = {
 	{"wait", IDEM_IN_FLIGHT_WAIT, false},
 	{"raise", IDEM_IN_FLIGHT_RAISE, false},
@@ -41,6 +143,8 @@ static const struct config_enum_entry in_flight_options[] = {
 void
 _PG_init(void)
 {
+	remember_placeholders();
+
 	DefineCustomEnumVariable("idempotency.in_flight",
 							 "What idem_begin does when another attempt holds the key.",
 							 "wait: block until that attempt finishes, aborts or loses its lease; "
@@ -50,7 +154,7 @@ _PG_init(void)
 							 in_flight_options,
 							 PGC_USERSET,
 							 0,
-							 NULL, NULL, NULL);
+							 NULL, assign_in_flight, NULL);
 
 	DefineCustomIntVariable("idempotency.lease",
 							"Default lease of a claim.",
@@ -62,7 +166,7 @@ _PG_init(void)
 							INT_MAX,
 							PGC_USERSET,
 							GUC_UNIT_MS,
-							NULL, NULL, NULL);
+							NULL, assign_lease, NULL);
 
 	DefineCustomIntVariable("idempotency.ttl",
 							"Default retention of a completed record.",
@@ -73,7 +177,7 @@ _PG_init(void)
 							INT_MAX,
 							PGC_USERSET,
 							GUC_UNIT_S,
-							NULL, NULL, NULL);
+							NULL, assign_ttl, NULL);
 
 	DefineCustomIntVariable("idempotency.max_response_size",
 							"Largest response idem_finish stores.",
@@ -84,7 +188,7 @@ _PG_init(void)
 							IDEM_MAX_RESPONSE_SIZE,
 							PGC_SUSET,
 							GUC_UNIT_BYTE,
-							NULL, NULL, NULL);
+							NULL, assign_max_response_size, NULL);
 
 	DefineCustomIntVariable("idempotency.purge_interval",
 							"Time between runs of the purge worker.",
@@ -135,6 +239,7 @@ _PG_init(void)
 								   NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");
+	check_placeholders();
 
 	idem_store_init();
 

@@ -61,6 +61,8 @@ extern int	idem_purge_batch_size;
 extern int	idem_purge_delay_ms;
 extern char *idem_purge_databases;
 
+extern void idem_check_settings(void);
+
 /* ---- storage (storage.c) ---- */
 
 /* Identifies one record: the calling role's key for one operation */
