@@ -33,3 +33,15 @@ SELECT pg_catalog.pg_extension_config_dump('idem_record',
 /* NULL is an error (22004), not a silent no-op */
 ALTER FUNCTION @extschema@.idem_set_logged(pg_catalog.bool) CALLED ON NULL INPUT;
 ALTER FUNCTION @extschema@.idem_inspect(pg_catalog.text, pg_catalog.text) CALLED ON NULL INPUT;
+
+/*
+ * pg_dump reads every configuration table and sequence of an extension, so
+ * a database owner who is not a superuser -- the usual case on managed
+ * services -- could not dump the database at all once the extension was
+ * installed.  The owner may read the records and the token epoch (never
+ * write them): their dumps then hold every role's records, which is what
+ * keeps a restored database from running completed requests again.
+ * Loading those records back needs a superuser (README, "Backups").
+ */
+GRANT SELECT ON @extschema@.idem_record TO pg_database_owner;
+GRANT SELECT ON SEQUENCE @extschema@.idem_token_epoch TO pg_database_owner;
