@@ -3,15 +3,6 @@
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '1.3'" to load this file. \quit
 
 /*
- * A record whose role no longer exists can be reached only by a role that
- * is given the same OID later, which would then see another role's
- * responses: such records are dropped, not converted.
- */
-DELETE FROM @extschema@.idem_record r
- WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles a
-					WHERE a.oid OPERATOR(pg_catalog.=) r.role_id);
-
-/*
  * role_id becomes a regrole: the same OID on disk, but pg_dump writes the
  * role's name and a restore reads it back as that role's OID wherever the
  * dump is restored.  A record whose role does not exist there fails the
@@ -23,9 +14,9 @@ ALTER TABLE @extschema@.idem_record
 	ALTER COLUMN role_id TYPE pg_catalog.regrole;
 
 /*
- * A dump leaves out the records of roles dropped since they were written:
- * their OID would be written as a number and could name another role where
- * the dump is restored.
+ * A dump leaves out the records of roles dropped since they were written
+ * (before this update or after it): their OID would be written as a number
+ * and could name another role where the dump is restored.
  */
 SELECT pg_catalog.pg_extension_config_dump('idem_record',
 	'WHERE role_id::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_roles)');

@@ -83,4 +83,11 @@ idem_init_range_table(EState *estate, RangeTblEntry *rte)
 #define idem_lock_held_by_me(tag, mode) LockHeldByMe((tag), (mode))
 #endif
 
+/* RelationGetPrimaryKeyIndex: 18 added "deferrable_ok" */
+#if PG_VERSION_NUM >= 180000
+#define idem_primary_key_index(rel) RelationGetPrimaryKeyIndex((rel), false)
+#else
+#define idem_primary_key_index(rel) RelationGetPrimaryKeyIndex(rel)
+#endif
+
 #endif							/* IDEM_PG_COMPAT_H */

@@ -183,7 +183,7 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 				 errdetail("The record table is unlogged: it is not replicated to standbys."),
 				 errhint("Read them on the primary, or make the table logged there with idem_set_logged(true).")));
 
-	pkey = RelationGetPrimaryKeyIndex(store->heap);
+	pkey = idem_primary_key_index(store->heap);
 	if (!OidIsValid(pkey))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
