@@ -35,7 +35,8 @@ use Exporter 'import';
 use IPC::Run;
 use PostgreSQL::Test::Utils ();
 
-our @EXPORT = qw(send_sql sql_done wait_sql run_sql);
+our @EXPORT = qw(send_sql sql_done wait_sql run_sql
+  setup_load start_load stop_load load_progressed check_load check_amcheck);
 
 # Start $sql in session $s without waiting for it to finish.
 sub send_sql
@@ -81,6 +82,177 @@ sub run_sql
 	my ($s, $sql) = @_;
 	send_sql($s, $sql);
 	return wait_sql($s);
+}
+
+# ---- concurrent in-transaction load (the 3xx tests) ----
+#
+#   setup_load($node, $db)
+#       CREATE EXTENSION idempotency (if absent) and the side table
+#       effect(id, op, key, k, token, role) that counts effects, open to
+#       every role.
+#   start_load($node, op => ..., keys => N, clients => C, seconds => S,
+#              db => ..., user => ...)
+#       pgbench in the background: per transaction a key of op from
+#       1..keys (so retries of a key happen): BEGIN; idem_begin; on 'new'
+#       INSERT INTO effect, idem_finish with {"effect_id": id}, COMMIT (one
+#       time in ten ROLLBACK, so the key is claimed again later); on
+#       'replay' check that the replayed effect_id is this key's effect
+#       (a division by zero otherwise).  Returns a handle.
+#   stop_load($h)
+#       wait for it (after `seconds`), or with stop => 1 end it at once
+#       (SIGINT; the server rolls back what was in flight).  Returns
+#       (stdout, stderr).
+#   load_progressed($node, $db, $n)
+#       wait until $n more transactions have ended in $db (poll).
+#   check_load($node, $db, $op, $name, role => ...)
+#       (a) every effect of op replays, as its role, its own response;
+#       every completed record of op has its effect and no effect lacks
+#       its completed record; (b) no key has two effects.
+#   check_amcheck($node, $db, $name)
+#       (c) bt_index_check(index, heapallindexed => true) on every index
+#       of the record table: returns the number of indexes checked.
+
+sub setup_load
+{
+	my ($node, $db) = @_;
+	$db //= 'postgres';
+	$node->safe_psql($db, q{
+		CREATE EXTENSION IF NOT EXISTS idempotency;
+		CREATE TABLE IF NOT EXISTS effect (
+			id bigserial PRIMARY KEY, op text NOT NULL, key text NOT NULL,
+			k int NOT NULL, token bigint NOT NULL,
+			role name NOT NULL DEFAULT current_user);
+		GRANT SELECT, INSERT ON effect TO PUBLIC;
+		GRANT USAGE ON SEQUENCE effect_id_seq TO PUBLIC;
+	});
+	return;
+}
+
+sub start_load
+{
+	my ($node, %o) = @_;
+	my $op = $o{op} // 'load';
+	my $keys = $o{keys} // 2000;
+	my $clients = $o{clients} // 4;
+	my $seconds = $o{seconds} // 10;
+	my $db = $o{db} // 'postgres';
+	my $jobs = $clients < 2 ? $clients : 2;
+	my $script = $node->basedir . "/load-$op-" . int(rand(1e9)) . '.sql';
+	PostgreSQL::Test::Utils::append_to_file($script, qq{
+\\set k random(1, $keys)
+\\set r random(1, 10)
+BEGIN;
+SELECT (status = 'new')::int AS is_new, coalesce(token, 0) AS token,
+       coalesce(response->>'effect_id', '0') AS eid
+  FROM idem_begin('$op', '$op-' || :k, idem_fingerprint(:k)) b \\gset
+\\if :is_new
+INSERT INTO effect (op, key, k, token) VALUES ('$op', '$op-' || :k, :k, :token)
+  RETURNING id AS new_eid \\gset
+SELECT idem_finish('$op', '$op-' || :k, :token, jsonb_build_object('effect_id', :new_eid));
+\\if :r = 1
+ROLLBACK;
+\\else
+COMMIT;
+\\endif
+\\else
+SELECT 1 / count(*) FROM effect WHERE id = :eid AND op = '$op' AND key = '$op-' || :k;
+COMMIT;
+\\endif
+});
+	my $connstr = $node->connstr($db);
+	$connstr .= " user=$o{user}" if defined $o{user};
+	my $h = { out => '', err => '', op => $op };
+	$h->{run} = IPC::Run::start(
+		[ 'pgbench', '-n', '-c', $clients, '-j', $jobs, '-T', $seconds,
+			'-f', $script, $connstr ],
+		'>', \$h->{out}, '2>', \$h->{err});
+	return $h;
+}
+
+sub stop_load
+{
+	my ($h, %o) = @_;
+	if ($o{stop} && $h->{run}->pumpable)
+	{
+		$h->{run}->signal('INT');
+	}
+	eval { $h->{run}->finish; };
+	return ($h->{out}, $h->{err});
+}
+
+# load_progressed($node, $db, $n): wait until $n more transactions (commits
+# and rollbacks, as the cumulative statistics count them) ended in $db --
+# effects alone stop growing once every key is completed.
+sub load_progressed
+{
+	my ($node, $db, $n) = @_;
+	my $q = qq{SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '$db'};
+	my $base = $node->safe_psql($db, $q);
+	return $node->poll_query_until($db, "SELECT ($q) >= $base + $n");
+}
+
+sub check_load
+{
+	my ($node, $db, $op, $name, %o) = @_;
+	my $set_role = defined $o{role} ? qq{SET ROLE "$o{role}";} : '';
+	my $role_cond = defined $o{role} ? qq{AND e.role = '$o{role}'} : '';
+
+	my $n = $node->safe_psql($db, qq{SELECT count(*) FROM effect e WHERE op = '$op' $role_cond});
+	Test::More::cmp_ok($n, '>', 0, "$name: the load produced effects ($n)");
+
+	# (a) every effect replays its own response, as its role
+	my ($ret, $out, $err) = $node->psql($db, qq{
+		BEGIN;
+		$set_role
+		SELECT count(*) FILTER (WHERE b.status IS DISTINCT FROM 'replay'
+		                           OR b.response IS DISTINCT FROM jsonb_build_object('effect_id', e.id))
+		     || '|' || count(*)
+		  FROM effect e, LATERAL idem_begin(e.op, e.key, idem_fingerprint(e.k)) b
+		 WHERE e.op = '$op' $role_cond;
+		ROLLBACK;});
+	Test::More::is("$ret|$out", "0|0|$n",
+		"$name: (a) every completed key ($n) replays its stored response")
+	  or Test::More::diag($err);
+
+	# (a) completed records <=> effects (as superuser)
+	my $role_of_record = defined $o{role} ? qq{AND r.role_id::regrole::text = '$o{role}'} : '';
+	Test::More::is( $node->safe_psql($db, qq{
+			SELECT count(*) FROM idem_record r
+			 WHERE r.operation = '$op' $role_of_record AND r.completed_at IS NOT NULL
+			   AND NOT EXISTS (SELECT 1 FROM effect e
+			                    WHERE e.op = r.operation AND e.key = r.key AND e.token = r.token
+			                      AND r.response = jsonb_build_object('effect_id', e.id))}),
+		'0', "$name: (a) every completed record has its effect");
+	Test::More::is( $node->safe_psql($db, qq{
+			SELECT count(*) FROM effect e
+			 WHERE e.op = '$op' $role_cond AND NOT EXISTS (
+				SELECT 1 FROM idem_record r
+				 WHERE r.operation = e.op AND r.key = e.key AND r.completed_at IS NOT NULL
+				   AND r.response = jsonb_build_object('effect_id', e.id))}),
+		'0', "$name: (a) every effect has its completed record");
+
+	# (b) at most one effect per key
+	Test::More::is( $node->safe_psql($db, qq{
+			SELECT count(*) FROM (SELECT role, key FROM effect e WHERE op = '$op' $role_cond
+			                       GROUP BY role, key HAVING count(*) > 1) d}),
+		'0', "$name: (b) no key has two effects");
+	return;
+}
+
+sub check_amcheck
+{
+	my ($node, $db, $name) = @_;
+	$node->safe_psql($db, 'CREATE EXTENSION IF NOT EXISTS amcheck');
+	my $n = $node->safe_psql($db,
+		q{SELECT count(*) FROM pg_index WHERE indrelid = 'idem_record'::regclass});
+	my ($ret, $out, $err) = $node->psql($db, q{
+		SELECT count(*) FROM (
+			SELECT bt_index_check(indexrelid, true) FROM pg_index
+			 WHERE indrelid = 'idem_record'::regclass) s});
+	Test::More::is("$ret|$out", "0|$n",
+		"$name: (c) amcheck (heapallindexed) clean on all $n indexes of idem_record")
+	  or Test::More::diag($err);
+	return $n;
 }
 
 1;

@@ -1,0 +1,85 @@
+# Copyright (c) 2024, idempotency authors
+#
+# A DBA adds indexes to the record table: CREATE INDEX ON idem_record
+# (expires_at) before the load, CREATE INDEX CONCURRENTLY ON idem_record
+# (token) while an in-transaction load runs.  Every write must reach every
+# index (as the executor does it): amcheck with heapallindexed is clean on
+# all of them, and queries forced onto each index find every record a
+# sequential scan finds.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest;
+
+my $node = PostgreSQL::Test::Cluster->new('added_index');
+$node->init;
+$node->append_conf('postgresql.conf', "autovacuum = off\n");
+$node->start;
+setup_load($node);
+
+# some records before any index is added, then the first index
+my $warm = start_load($node, op => 'ai', keys => 2000, clients => 2, seconds => 30);
+ok($node->poll_query_until('postgres', q{SELECT count(*) >= 100 FROM effect}), 'first load ran');
+stop_load($warm, stop => 1);
+$node->safe_psql('postgres', 'CREATE INDEX idem_record_expires ON idem_record (expires_at)');
+
+my $load = start_load($node, op => 'ai', keys => 2000, clients => 4, seconds => 40);
+ok($node->poll_query_until('postgres', q{SELECT count(*) >= 600 FROM effect}),
+	'load is running with the added index');
+my ($ret, $out, $err) = $node->psql('postgres',
+	'CREATE INDEX CONCURRENTLY idem_record_token ON idem_record (token)');
+is($ret, 0, 'CREATE INDEX CONCURRENTLY under load succeeded') or diag($err);
+ok( load_progressed($node, 'postgres', 1200),
+	'the load carries on with both indexes');
+my ($bout, $berr) = stop_load($load, stop => 1);
+unlike($berr, qr/ERROR|aborted/, 'the load met no error') or diag($berr);
+
+is( $node->safe_psql('postgres', q{
+		SELECT count(*) FROM pg_index WHERE indrelid = 'idem_record'::regclass AND indisvalid}),
+	'3', 'three valid indexes on idem_record');
+check_load($node, 'postgres', 'ai', 'with added indexes');
+check_amcheck($node, 'postgres', 'with added indexes');
+
+# forced onto each added index: every record found
+my $all = $node->safe_psql('postgres', q{
+	SET enable_indexscan = off; SET enable_bitmapscan = off; SET enable_indexonlyscan = off;
+	SELECT count(*) FROM idem_record WHERE expires_at > '-infinity' AND token > 0});
+cmp_ok($all, '>', 1000, "a sequential scan finds $all records");
+for my $t ([ 'idem_record_expires', q{expires_at > '-infinity'} ],
+	[ 'idem_record_token', q{token > 0} ])
+{
+	my ($index, $cond) = @$t;
+	for my $scan ('Index Scan', 'Index Only Scan', 'Bitmap Heap Scan')
+	{
+		my $set = 'SET enable_seqscan = off; '
+		  . ($scan eq 'Index Scan' ? 'SET enable_indexonlyscan = off; SET enable_bitmapscan = off;'
+			: $scan eq 'Index Only Scan' ? 'SET enable_indexscan = off; SET enable_bitmapscan = off;'
+			: 'SET enable_indexscan = off; SET enable_indexonlyscan = off;');
+		my $col = $index eq 'idem_record_token' ? 'token' : 'expires_at';
+		my $sel = "SELECT count($col) FROM idem_record WHERE $cond";
+		like($node->safe_psql('postgres', "$set EXPLAIN $sel"),
+			qr/\Q$index\E/, "$index: the $scan plan uses it");
+		is($node->safe_psql('postgres', "VACUUM idem_record; $set $sel"), $all,
+			"$index, $scan: finds every record");
+	}
+}
+# and each key through the expires_at index, one by one
+is( $node->safe_psql('postgres', q{
+		SET enable_seqscan = off; SET enable_bitmapscan = off;
+		SET enable_indexonlyscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off;
+		SELECT count(*) FROM effect e
+		 WHERE e.op = 'ai' AND NOT EXISTS (
+			SELECT 1 FROM idem_record r
+			 WHERE r.expires_at = (SELECT expires_at FROM idem_record x
+			                        WHERE x.operation = e.op AND x.key = e.key)
+			   AND r.key = e.key)}),
+	'0', 'every effect\'s record is found through the expires_at index');
+
+$node->stop;
+done_testing();
