@@ -87,6 +87,16 @@ SELECT count(*) AS records FROM idem_record;
 SELECT status, response FROM idem_begin('purge', 'while-logged', NULL);
 SELECT idem_begin('purge', 'pending-live', NULL, in_flight => 'raise');
 \echo :SQLSTATE
--- NULL: the function is STRICT, nothing happens.
+-- NULL is an error (22004) that changes nothing.
 SELECT idem_set_logged(NULL) IS NULL AS is_null;
 SELECT relpersistence FROM pg_class WHERE oid = 'idem_record'::regclass;
+
+-- A rewrite of the table inside the transaction that claimed a key, between
+-- idem_begin and idem_finish, moves the claim: the finish still finds it.
+BEGIN;
+SELECT token AS rewrite_token FROM idem_begin('admin', 'same-xact-rewrite', NULL) \gset
+SELECT idem_set_logged(true);
+SELECT idem_finish('admin', 'same-xact-rewrite', :rewrite_token, '"finished after a rewrite"');
+SELECT idem_set_logged(false);
+COMMIT;
+SELECT status, response FROM idem_begin('admin', 'same-xact-rewrite', NULL);

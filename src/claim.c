@@ -365,6 +365,7 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 		}
 
 		/* absent or expired: claim it */
+		memset(&claim, 0, sizeof(claim));
 		claim.token = idem_next_token(store);
 		claim.fingerprint = fingerprint;
 		claim.ttl = *ttl;
@@ -378,6 +379,7 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 		else
 		{
 			claim.tid = rec->tid;
+			claim.mine = rec->mine;
 			if (idem_store_update(store, key, &claim) != TM_Ok)
 			{
 				/* changed under us after all (by a purge): look again */
@@ -534,7 +536,7 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 		TimestampTz now;
 		TM_Result	result;
 
-		if (!idem_store_fetch(store, key, rec))
+		if (!idem_store_fetch_claim(store, key, token, rec))
 			break;
 		if (TransactionIdIsValid(rec->busy_xid))
 		{

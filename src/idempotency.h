@@ -111,6 +111,8 @@ extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode);
 extern void idem_store_close(IdemStore *store, bool release);
 extern bool idem_store_fetch(IdemStore *store, const IdemKey *key,
 							 IdemRecord *rec);
+extern bool idem_store_fetch_claim(IdemStore *store, const IdemKey *key,
+								   int64 token, IdemRecord *rec);
 extern void idem_store_insert(IdemStore *store, const IdemKey *key,
 							  const IdemRecord *rec);
 extern TM_Result idem_store_update(IdemStore *store, const IdemKey *key,

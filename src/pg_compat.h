@@ -90,4 +90,11 @@ idem_init_range_table(EState *estate, RangeTblEntry *rte)
 #define idem_primary_key_index(rel) RelationGetPrimaryKeyIndex(rel)
 #endif
 
+/* The number of a relation's current file: 16 renamed rd_node */
+#if PG_VERSION_NUM >= 160000
+#define idem_relfilenumber(rel) ((rel)->rd_locator.relNumber)
+#else
+#define idem_relfilenumber(rel) ((rel)->rd_node.relNode)
+#endif
+
 #endif							/* IDEM_PG_COMPAT_H */

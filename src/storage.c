@@ -13,11 +13,16 @@
  * writes a table (ExecOpenIndices, ExecSimpleRelationInsert/Update/Delete):
  * every index the catalog marks ready -- one a DBA added, one REINDEX
  * CONCURRENTLY is building -- constraints, and row triggers (pg_repack's
- * log trigger among them) see every write, as they would an INSERT.  No
- * physical location is kept from one call to the next: a rewrite of the
- * table (VACUUM FULL, CLUSTER, SET LOGGED) between two calls moves every
- * row.  Within a call the table stays locked, so a location read is good
- * until the call ends.
+ * log trigger among them) see every write, as they would an INSERT.
+ *
+ * A rewrite of the table (VACUUM FULL, CLUSTER, SET LOGGED, SET TABLESPACE)
+ * moves every row, so a physical location is good only while the table is
+ * locked and keeps its file.  Within a call the table stays locked.  The
+ * one location kept longer is that of the claim the current transaction
+ * inserted last, which its idem_finish usually settles: the transaction
+ * holds its lock on the table until it ends, so only the transaction
+ * itself can rewrite the table meanwhile, and that gives the table a new
+ * file, which the location is checked against.
  *
  * This file knows the table's shape; claim.c decides what to do with a
  * record.
@@ -290,6 +295,74 @@ idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 	return found;
 }
 
+/*
+ * The claim this transaction inserted last (see idem_store_fetch_claim):
+ * where, in which file of the table, by which transaction.
+ */
+static struct
+{
+	TransactionId xid;
+	Oid			relid;
+	Oid			relfilenumber;	
+	Oid			role;
+	int64		token;
+	ItemPointerData tid;
+}			last_claim;
+
+static bool
+text_equal(Datum a, const text *b)
+{
+	text	   *t = DatumGetTextPP(a);
+
+	return VARSIZE_ANY_EXHDR(t) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(t), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b)) == 0;
+}
+
+static bool
+slot_matches_key(TupleTableSlot *slot, const IdemKey *key)
+{
+	bool		isnull;
+
+	return DatumGetObjectId(slot_getattr(slot, Anum_role_id, &isnull)) == key->role &&
+		text_equal(slot_getattr(slot, Anum_operation, &isnull), key->operation) &&
+		text_equal(slot_getattr(slot, Anum_key, &isnull), key->key);
+}
+
+/*
+ * Like idem_store_fetch, for the record that token should hold.  In the
+ * in-transaction shape the claim to settle is the one this transaction
+ * inserted last: it is read straight from where it was inserted, without
+ * descending the index, if the table still has the file it was inserted
+ * into.  Any doubt -- another transaction, another file, the version was
+ * updated since, the place holds another row -- falls back to the index.
+ */
+bool
+idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
+					   IdemRecord *rec)
+{
+	if (token == last_claim.token && key->role == last_claim.role &&
+		TransactionIdIsValid(last_claim.xid) &&
+		last_claim.xid == GetCurrentTransactionIdIfAny() &&
+		RelationGetRelid(store->heap) == last_claim.relid &&
+		idem_relfilenumber(store->heap) == last_claim.relfilenumber)
+	{
+		SnapshotData dirty;
+		TupleTableSlot *slot = table_slot_create(store->heap, NULL);
+		bool		found;
+
+		InitDirtySnapshot(dirty);
+		found = table_tuple_fetch_row_version(store->heap, &last_claim.tid,
+											  &dirty, slot) &&
+			slot_matches_key(slot, key);
+		if (found)
+			record_from_slot(store, slot, &dirty, rec);
+		ExecDropSingleTupleTableSlot(slot);
+		if (found && rec->token == token)
+			return true;
+	}
+	return idem_store_fetch(store, key, rec);
+}
+
 /* ---- writes ---- */
 
 /*
@@ -382,6 +455,14 @@ idem_store_insert(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 	write_begin(store, &w);
 	fill_slot(w.slot, key, rec);
 	ExecSimpleRelationInsert(w.rri, w.estate, w.slot);
+
+	last_claim.xid = GetCurrentTransactionId();
+	last_claim.relid = RelationGetRelid(store->heap);
+	last_claim.relfilenumber = idem_relfilenumber(store->heap);
+	last_claim.role = key->role;
+	last_claim.token = rec->token;
+	last_claim.tid = w.slot->tts_tid;
+
 	write_end(&w);
 }
 
