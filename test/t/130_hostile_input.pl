@@ -26,10 +26,15 @@
 #
 # SQLSTATEs accepted, and why:
 #   22004  NULL where a value is required (spec)
-#   22023  empty or > 255-character operation/key, unknown policy, bad
-#          lease/ttl (lease <= 0 or > ttl, ttl < 1 minute, either longer
-#          than 100 years) (spec, README)
-#   54000  response over idempotency.max_response_size (spec)
+#   22023  empty or > 255-character operation/key, unknown policy (the
+#          policy is case-insensitive: 'WAIT' and 'Raise' are valid; '',
+#          'rasie', ' wait' are not), fingerprint over 1024 bytes (up to
+#          1024 is fine; a 100 MB one is refused at once), bad lease/ttl
+#          (lease <= 0 or > ttl, ttl < 1 minute, either longer than 100
+#          years) (spec, README)
+#   54000  response over idempotency.max_response_size (64 kB), stored or
+#          as text: '[1e100000]' is a few bytes stored but 100,001 digits
+#          as text, a control character six characters (\u0001) (spec)
 #   IK409  raise policy on a live pending claim; same-transaction re-begin
 #   IK412  token that does not hold the key (finish, renew)
 #   IK422  live record with another fingerprint (NULL equals only NULL)
@@ -44,11 +49,18 @@
 #   22015  interval field out of range ('2147483648 days')
 #   22021  invalid UTF-8 byte sequence (the server validates encoding on
 #          input, so only valid UTF-8 ever reaches the extension)
+# NULL is 22004 for every function and argument that needs a value,
+# idem_inspect(NULL, ...) and idem_set_logged(NULL) included (1.3: no
+# longer STRICT, so no longer "no row" / "no change"; idem_set_logged(NULL)
+# by a role without EXECUTE is 42501, no longer folded away).
 # Two answers are accepted where the contract leaves room:
-#   idem_inspect(NULL, ...) is STRICT: no row, or 22004;
-#   idem_set_logged(NULL) is STRICT: no change, or 22004;
 #   idem_renew of a claim whose lease lapsed (not taken over): success or
 #   IK412 (the generator then only uses leases that keep it lapsed).
+# Record states are set up with fingerprints the contract accepts; a call
+# with a refused fingerprint then meets a real record and must change
+# nothing.  After the generated script, direct checks: IK422's DETAIL
+# (fingerprints in hex, whole up to 64 bytes, then cut with their size),
+# a 100 MB fingerprint refused quickly and with a short message.
 
 use strict;
 use warnings;
@@ -161,16 +173,25 @@ my @name_classes = (
 my %name_class = map { $_->[0] => $_->[1] } @name_classes;
 my @valid_names = grep { my ($s, $v) = $name_class{$_}->(); defined $v } map { $_->[0] } @name_classes;
 
-# Fingerprints: class => sql.  Equality is by class.
+# Fingerprints: class => sql.  Equality is by class.  At most 1024 bytes
+# are accepted; longer ones are 22023 (%fp_err), whatever the record.
 my %fp_sql = (
-	null  => 'NULL::bytea',
-	empty => q{''::bytea},
-	a     => q{'\x01'::bytea},
-	b     => q{'\x02'::bytea},
-	sha   => q{idem_fingerprint('x', 1)},
-	big   => q{decode(repeat('ab', 5000), 'hex')},
+	null   => 'NULL::bytea',
+	empty  => q{''::bytea},
+	a      => q{'\x01'::bytea},
+	b      => q{'\x02'::bytea},
+	sha    => q{idem_fingerprint('x', 1)},
+	fp65   => q{decode(repeat('c3', 65), 'hex')},
+	fp1024 => q{decode(repeat('ab', 1024), 'hex')},
+	fp1025 => q{decode(repeat('ab', 1025), 'hex')},
+	big    => q{decode(repeat('ab', 5000), 'hex')},
+	# 100 MB: used in a few calls only (%fp_rare)
+	huge   => q{convert_to(repeat('f', 100000000), 'UTF8')},
 );
-my @fp_classes = sort keys %fp_sql;
+my %fp_err = (fp1025 => '22023', big => '22023', huge => '22023');
+my %fp_rare = (huge => 1);
+my @fp_classes = grep { !$fp_rare{$_} } sort keys %fp_sql;    # for random picks
+my @fp_ok = grep { !$fp_err{$_} } @fp_classes;                  # for record states
 
 # Intervals: class => [sql, microseconds (30-day months, as interval
 # comparison counts them) or undef when the server rejects the literal,
@@ -212,10 +233,14 @@ my $MAX_IV = 36500 * $USEC_DAY;    # the documented "100 years" limit
 sub iv_sql { my ($c) = @_; return $c eq 'null' ? 'NULL' : "$iv{$c}[0]::interval"; }
 sub tiny { my ($us) = @_; return defined $us && $us > 0 && $us <= 1; }
 
+# the policy is case-insensitive (as the setting idempotency.in_flight is):
+# only other words are 22023
 my @policies = (
 	[ 'null', 'NULL', undef ], [ 'wait', q{'wait'}, 'wait' ], [ 'raise', q{'raise'}, 'raise' ],
-	map { [ "bad:$_", lit($_), 'bad' ] } ('WAIT', 'Raise', ' wait', 'wait ', '', 'rais',
-		'waitraise', "wait\n", "\x{ff57}\x{ff41}\x{ff49}\x{ff54}", 'raise;', 'NULL'),
+	(map { [ "case:$_", lit($_), lc $_ ] } ('WAIT', 'Wait', 'wAiT', 'RAISE', 'Raise', 'rAISE')),
+	map { [ "bad:$_", lit($_), 'bad' ] } (' wait', 'wait ', '', 'rais', 'rasie', 'wiat',
+		'waitraise', "wait\n", "\x{ff57}\x{ff41}\x{ff49}\x{ff54}", "WA\x{130}T", "RA\x{130}SE",
+		"wa\x{131}t", 'raise;', 'NULL'),
 );
 push @policies, [ 'bad:huge', q{repeat('w', 100000)}, 'bad' ];
 
@@ -238,19 +263,27 @@ my %resp_sql = (
 	deep100000 => q{(repeat('[', 100000) || repeat(']', 100000))::jsonb},
 	wide       => q{(SELECT jsonb_object_agg('k' || i, i) FROM generate_series(1, 10000) i)},
 	bad_json   => "'{'::jsonb",
+	# small stored, over the limit as text (what a replay sends)
+	num_1e100000 => q{'[1e100000]'::jsonb},
+	ctl_many     => q{to_jsonb(repeat(chr(1), 20000))},
+	# a string of 10922 control characters (\u0001 each) and 2 letters is
+	# 65536 bytes as text, with its quotes: at the limit; one more is over
+	ctl_at_limit   => q{to_jsonb(repeat(chr(1), 10922) || 'xx')},
+	ctl_over_limit => q{to_jsonb(repeat(chr(1), 10922) || 'xxx')},
 );
-my (%resp_md5, %resp_err);
+my (%resp_md5, %resp_err, %resp_size);
 for my $c (sort keys %resp_sql)
 {
 	next if $c eq 'null';
 	my ($rc, $out, $err) = $node->psql('postgres',
-		"SELECT pg_column_size(x) || '|' || md5(x::text) FROM (SELECT $resp_sql{$c} AS x) s",
+		"SELECT pg_column_size(x) || '|' || octet_length(x::text) || '|' || md5(x::text) FROM (SELECT $resp_sql{$c} AS x) s",
 		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
 	if ($rc == 0)
 	{
-		my ($size, $md5) = split /\|/, $out;
+		my ($size, $text_size, $md5) = split /\|/, $out;
 		$resp_md5{$c} = $md5;
-		$resp_err{$c} = $size > 65536 ? '54000' : undef;
+		$resp_size{$c} = "$size/$text_size";
+		$resp_err{$c} = ($size > 65536 || $text_size > 65536) ? '54000' : undef;
 	}
 	else
 	{
@@ -261,15 +294,26 @@ for my $c (sort keys %resp_sql)
 is_deeply({ map { $_ => $resp_err{$_} } qw(at_limit over_limit deep10000 deep100000 bad_json) },
 	{ at_limit => undef, over_limit => '54000', deep10000 => '54000', deep100000 => '54001', bad_json => '22P02' },
 	'response classes: at the 64kB limit, one byte over, 10,000 nesting levels (80 kB), 100,000 levels (server: stack depth), bad JSON');
+is_deeply({ map { $_ => $resp_size{$_} } qw(num_1e100000 ctl_many ctl_at_limit ctl_over_limit) },
+	{ num_1e100000 => '22/100003', ctl_many => '20012/120002', ctl_at_limit => '10936/65536', ctl_over_limit => '10937/65537' },
+	'response classes small stored but large as text: stored/text sizes');
+is_deeply({ map { $_ => $resp_err{$_} } qw(num_1e100000 ctl_many ctl_at_limit ctl_over_limit) },
+	{ num_1e100000 => '54000', ctl_many => '54000', ctl_at_limit => undef, ctl_over_limit => '54000' },
+	'so over the limit as text: [1e100000], 20,000 control characters, one byte past the limit; at it: fine');
 my @resp_classes = sort keys %resp_sql;
 my @good_resps = grep { $_ ne 'null' && !defined $resp_err{$_} } @resp_classes;
 
 my %fp_md5;
-for my $c (@fp_classes)
+for my $c (sort keys %fp_sql)
 {
-	$fp_md5{$c} = $c eq 'null' ? 'N'
+	# a refused fingerprint is never stored
+	$fp_md5{$c} = $c eq 'null' ? 'N' : $fp_err{$c} ? "refused:$c"
 	  : $node->safe_psql('postgres', "SELECT md5($fp_sql{$c})");
 }
+is($node->safe_psql('postgres', 'SELECT ' . join(" || '|' || ",
+			map { "octet_length($fp_sql{$_})" } qw(fp65 fp1024 fp1025 big huge))),
+	'65|1024|1025|5000|100000000', 'fingerprint classes: 65 bytes, 1024 (the limit), 1025, 5000, 100 MB');
+
 
 # ---------------------------------------------------------------- script
 
@@ -343,6 +387,7 @@ sub begin_call
 	my $ttl = $a{ttl} // 'null';
 	my @err = (@$op_err, @$key_err);
 	push @err, '22023' if defined $pol->[2] && $pol->[2] eq 'bad';
+	push @err, $fp_err{ $a{fp} } if $fp_err{ $a{fp} };
 
 	my $lease_us = $lease eq 'null' ? 3600e6 : $iv{$lease}[1];
 	my $ttl_us = $ttl eq 'null' ? $USEC_DAY : $iv{$ttl}[1];
@@ -511,8 +556,8 @@ sub inspect_call
 	my @other = grep { $_ ne '22004' } (@$op_err, @$key_err);
 	if (@null)
 	{
-		# STRICT: no row; or an error (22004, or another argument's)
-		%expect = (ok => sub { !defined $_[0] }, err => [ '22004', @other ], want => 'no row or 22004');
+		# not STRICT (1.3): 22004, or another argument's error
+		%expect = (err => [ '22004', @other ]);
 	}
 	elsif (@other) { %expect = (err => \@other); }
 	else
@@ -551,7 +596,10 @@ sub setup_state
 {
 	my ($state, $role, $op, $key, $fp, %o) = @_;
 	return () unless defined $op->[1] && defined $key->[1];
-	my $diff = pick(grep { $_ ne $fp } @fp_classes);
+	# the record is made with a fingerprint the contract accepts: for a
+	# call with a refused one, any (it must not matter)
+	$fp = pick(@fp_ok) if $fp_err{$fp};
+	my $diff = pick(grep { $_ ne $fp } @fp_ok);
 	my $ttl = $o{ttl} // 'null';
 	my %b = (role => $role, op => $op, key => $key, ttl => $ttl, label => "setup $state");
 	# a live lease that fits the ttl (1 minute outlasts any batch)
@@ -684,7 +732,7 @@ section('idem_begin');
 	my %base = (op => 'plain', key => 'plain', fp => 'a', policy => 0, lease => 'null', ttl => 'null', state => 'fresh');
 	push @plans, { %base, op => $_->[0] } for @name_classes;
 	push @plans, { %base, key => $_->[0] } for @name_classes;
-	push @plans, { %base, fp => $_ } for @fp_classes;
+	push @plans, { %base, fp => $_ } for @fp_classes, sort keys %fp_rare;
 	push @plans, { %base, policy => $_ } for 0 .. $#policies;
 	push @plans, { %base, lease => $_ } for @iv_classes;
 	push @plans, { %base, ttl => $_ } for @iv_classes;
@@ -694,6 +742,8 @@ section('idem_begin');
 		{
 			push @plans, { %base, state => $st, policy => $pol, fp => $_ } for @fp_classes;
 		}
+		# a 100 MB fingerprint against every record state
+		push @plans, { %base, state => $st, policy => int(rand(3)), fp => $_ } for sort keys %fp_rare;
 	}
 	while (@plans < 1500 * $scale)
 	{
@@ -915,12 +965,9 @@ section('idem_set_logged');
 		setup_state(pick(qw(completed pending lapsed)), pick('alice', 'bob'), name_of('plain'), name_of(pick(@valid_names)), 'a')
 		  if $n % 5 == 0;
 		my %expect;
-		# a STRICT function called with a constant NULL is folded away by
-		# the planner before the executor checks EXECUTE: no call, no
-		# change -- the server's behaviour, accepted
-		if ($role eq 'alice' && $arg eq 'NULL') { %expect = (ok => sub { $_[0] eq 'null' }, err => ['42501'], want => 'null (folded) or 42501'); }
-		elsif ($role eq 'alice') { %expect = (err => ['42501']); }
-		elsif ($arg eq 'NULL') { %expect = (ok => sub { $_[0] eq 'null' }, err => ['22004'], want => 'null (STRICT) or 22004'); }
+		# not STRICT (1.3): NULL is 22004, after the EXECUTE check
+		if ($role eq 'alice') { %expect = (err => ['42501']); }
+		elsif ($arg eq 'NULL') { %expect = (err => ['22004']); }
 		else
 		{
 			%expect = (ok => sub { $_[0] eq '' }, want => '');
@@ -1109,6 +1156,114 @@ ok(!@table_bad, sprintf('after each of %d batches the record table is exactly th
   or diag(join("\n", @table_bad[ 0 .. ($#table_bad < 20 ? $#table_bad : 19) ]));
 ok(!@stats_bad, 'idem_stats of each role counts exactly that role\'s records')
   or diag(join("\n", @stats_bad[ 0 .. ($#stats_bad < 10 ? $#stats_bad : 9) ]));
+
+# ---------------------------------------------------------------- direct checks
+
+# As alice, verbose: (SQLSTATE or 00000, stdout, stderr)
+sub as_alice
+{
+	my ($sql) = @_;
+	my ($rc, $out, $err) = $node->psql('postgres', "SET ROLE alice;\n$sql",
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	my ($code) = $err =~ /ERROR:  ([0-9A-Z]{5}):/;
+	return ($rc == 0 ? '00000' : $code // "rc $rc", $out, $err);
+}
+sub checksum { return $node->safe_psql('postgres', 'SELECT idemtest_checksum()'); }
+
+# IK422's DETAIL: both fingerprints in hex, whole up to 64 bytes; beyond,
+# the first 64 bytes, "..." and the size
+my %detail_fp = (
+	null => [ 'NULL::bytea', 'NULL' ],
+	one  => [ q{'\x01'::bytea}, '\\x01' ],
+	b64  => [ q{decode(repeat('ab', 64), 'hex')}, '\\x' . ('ab' x 64) ],
+	b65  => [ q{decode(repeat('c3', 65), 'hex')}, '\\x' . ('c3' x 64) . '... (65 bytes)' ],
+	b1024 => [ q{decode(repeat('ab', 1024), 'hex')}, '\\x' . ('ab' x 64) . '... (1024 bytes)' ],
+	c1024 => [ q{decode(repeat('cd', 1023) || 'ef', 'hex')}, '\\x' . ('cd' x 64) . '... (1024 bytes)' ],
+);
+for my $case ([ 'b64', 'one' ], [ 'one', 'b64' ], [ 'b65', 'one' ], [ 'b1024', 'c1024' ],
+	[ 'null', 'b65' ], [ 'b1024', 'null' ])
+{
+	my ($stored, $req) = @$case;
+	my $key = "detail-$stored-$req";
+	my ($st) = as_alice("SELECT status FROM idem_begin('detail', '$key', $detail_fp{$stored}[0], lease => '1h')");
+	is($st, '00000', "claim $key");
+	my $before = checksum();
+	my ($code, undef, $err) = as_alice("SELECT status FROM idem_begin('detail', '$key', $detail_fp{$req}[0])");
+	is($code, 'IK422', "$key: another fingerprint is IK422");
+	my $want = "DETAIL:  Stored fingerprint: $detail_fp{$stored}[1]. Request fingerprint: $detail_fp{$req}[1].\n";
+	ok(index($err, $want) >= 0, "$key: DETAIL shows the fingerprints ($stored, $req)")
+	  or diag("want: ${want}got: $err");
+	is(checksum(), $before, "$key: and changes nothing");
+}
+
+# a 100 MB fingerprint, on a key with a record and on a fresh one: 22023 at
+# once, with a message of a few hundred bytes (not the fingerprint in hex)
+for my $key ('detail-b64-one', 'fresh-100mb')
+{
+	my $before = checksum();
+	my $t0 = time;
+	my ($code, undef, $err) = as_alice(
+		"SELECT status FROM idem_begin('detail', '$key', convert_to(repeat('f', 100000000), 'UTF8'))");
+	my $took = time - $t0;
+	is($code, '22023', "$key: a 100 MB fingerprint is 22023");
+	like($err, qr/ERROR:  22023: idempotency fingerprint is too long\nDETAIL:  It has 100000000 bytes; at most 1024 are allowed\./,
+		"$key: \"idempotency fingerprint is too long\", with its size");
+	cmp_ok(length($err), '<', 2000, "$key: the message is short (" . length($err) . ' bytes)');
+	cmp_ok($took, '<', 30, sprintf('%s: and comes quickly (%.1f s)', $key, $took));
+	is(checksum(), $before, "$key: and changes nothing");
+}
+# 1024 bytes is fine, 1025 is not
+my ($code1024, $out1024) = as_alice("SELECT status FROM idem_begin('detail', 'fp1024', decode(repeat('ab', 1024), 'hex'))");
+is("$code1024|$out1024", '00000|new', 'a 1024-byte fingerprint is accepted');
+($code1024, $out1024) = as_alice("SELECT status FROM idem_begin('detail', 'fp1024', decode(repeat('ab', 1024), 'hex'), in_flight => 'RAISE')");
+is($code1024, 'IK409', 'and matches itself (the claim is in progress: IK409 with in_flight RAISE)');
+my $before = checksum();
+my ($code1025, undef, $err1025) = as_alice("SELECT status FROM idem_begin('detail', 'fp1025', decode(repeat('ab', 1025), 'hex'))");
+is($code1025, '22023', 'a 1025-byte fingerprint is 22023');
+like($err1025, qr/It has 1025 bytes; at most 1024 are allowed\./, 'with its size');
+is(checksum(), $before, 'and changes nothing');
+
+# a response small stored but over the limit as text
+{
+	my (undef, $tok) = as_alice("SELECT token FROM idem_begin('detail', 'resp', NULL, lease => '1h')");
+	my $before = checksum();
+	my ($code, undef, $err) = as_alice("SELECT idem_finish('detail', 'resp', $tok, '[1e100000]')");
+	is($code, '54000', 'a response of 100,003 bytes as text is 54000');
+	like($err, qr/DETAIL:  Its text form takes 100003 bytes; idempotency.max_response_size is 65536 bytes\./,
+		'its DETAIL gives the size of the text form');
+	($code, undef, $err) = as_alice(q{SELECT idem_finish('detail', 'resp', } . $tok . q{, to_jsonb(repeat(chr(1), 20000)))});
+	is($code, '54000', '20,000 control characters (120,002 bytes as text): 54000');
+	is(checksum(), $before, 'and change nothing');
+}
+
+# NULL where a value is needed: 22004, also for idem_inspect and idem_set_logged
+is((as_alice(q{SELECT * FROM idem_inspect(NULL, 'k')}))[0], '22004', 'idem_inspect(NULL, \'k\'): 22004');
+is((as_alice(q{SELECT * FROM idem_inspect('detail', NULL)}))[0], '22004', 'idem_inspect(\'detail\', NULL): 22004');
+{
+	my $before = checksum();
+	my ($rc, $out, $err) = $node->psql('postgres', 'SELECT idem_set_logged(NULL)',
+		extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+	like($err, qr/ERROR:  22004:/, 'idem_set_logged(NULL) as superuser: 22004');
+	is(checksum(), $before, 'and changes nothing');
+	is($node->safe_psql('postgres', q{SELECT relpersistence FROM pg_class WHERE oid = 'idem_record'::regclass}),
+		(grep { defined $_->{persistence} } reverse @calls)[0]{persistence}, 'the table keeps its persistence');
+}
+# in_flight case-insensitive, and only the two words
+{
+	my (undef, $tok) = as_alice("SELECT token FROM idem_begin('detail', 'policy', NULL, lease => '1h')");
+	for my $pol ('RAISE', 'Raise', 'raise')
+	{
+		is((as_alice("SELECT status FROM idem_begin('detail', 'policy', NULL, in_flight => '$pol')"))[0],
+			'IK409', "in_flight => '$pol' raises");
+	}
+	for my $pol ('rasie', '', 'wait ')
+	{
+		my ($code, undef, $err) = as_alice("SELECT status FROM idem_begin('detail', 'policy', NULL, in_flight => '$pol')");
+		is($code, '22023', "in_flight => '$pol': 22023");
+		like($err, qr/unknown in_flight policy/, "in_flight => '$pol': unknown policy");
+	}
+}
+$node->safe_psql('postgres', 'DELETE FROM idem_record');
 
 is($node->safe_psql('postgres', 'SELECT 1'), '1', 'the server is up');
 my $log = slurp_file($node->logfile);

@@ -22,10 +22,18 @@ $node->safe_psql($_, 'CREATE EXTENSION idempotency') for ('postgres', 'other');
 # a worker whose database does not exist yet retries every 10 s: restart so
 # that both start at once
 $node->restart;
+my $log_offset = -s $node->logfile;
 
-is($node->safe_psql('postgres',
-		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency purge worker'"),
-	'2', 'one purge worker per listed database');
+# pg_ctl returns once the server accepts connections; the postmaster starts
+# the workers then, and each shows in pg_stat_activity only once it has
+# connected to its database -- on a loaded machine, a while later: poll.
+# A worker that failed and was restarted would show in the server log.
+ok($node->poll_query_until('postgres',
+		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency purge worker'",
+		'2'),
+	'one purge worker per listed database');
+ok(!$node->log_contains(qr/background worker "idempotency purge worker" \(PID \d+\) exited/, $log_offset),
+	'and none exited since the restart');
 
 # --- the purge worker ---------------------------------------------------
 

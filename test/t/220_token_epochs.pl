@@ -4,7 +4,10 @@
 # Fencing tokens are epoch << 32 | count (src/storage.c): the count comes
 # from the unlogged idem_token_seq, which crash recovery resets; the epoch
 # from the logged idem_token_epoch, flushed (and sent to synchronous
-# standbys) before the epoch's first token is used.
+# standbys) before the epoch's first token is used.  An epoch is
+# max(nextval of idem_token_epoch, seconds since 2020-01-01 UTC when it
+# starts): about 2.2e8 on a fresh database, and each one greater than the
+# one before.
 #
 # 1. Crash: the first claim after it starts a greater epoch, so every token
 #    after the crash is greater than every token before -- including the
@@ -14,17 +17,21 @@
 #    and the next epoch is greater still.
 # 2. The count reaching the end of its epoch while eight sessions claim at
 #    once: distinct tokens, each session's increasing, none past the limit,
-#    and the epoch moved on by exactly one.
+#    and the next epoch greater than the old one and not below the clock.
 # 3. A database still on 1.1 (logged token sequence, no epochs) on this
 #    library: its tokens too stay greater across a crash, and a pre-crash
 #    worker's late finish is fenced off.  Then, with tokens past 2^32, the
-#    update to 1.2: tokens stay greater across it and across the next crash.
+#    update to 1.2 and on to 1.3: tokens stay greater across it and across
+#    the next crash.
 # 4. A synchronous standby: with it down, the first claim after a crash
-#    waits for it (wait event SyncRep) before it returns a token -- also in a
-#    session with synchronous_commit = local -- and returns once the
-#    standby is back; a wait cut short by statement_timeout is an error
-#    (57014) that hands out no token; after a fail-over to that standby,
-#    new tokens are greater than every token of the old primary.
+#    waits for it (polling: wait event type Extension, not SyncRep) before
+#    it returns a token -- also in a session with synchronous_commit =
+#    local -- and returns once the standby is back; a wait cut short by
+#    statement_timeout or a cancel is the usual error (57014) that hands out
+#    no token, without the WARNING that the transaction "has already
+#    committed locally" (issue "A misleading warning"); after a fail-over to
+#    that standby, new tokens are greater than every token of the old
+#    primary.
 
 use strict;
 use warnings;
@@ -56,6 +63,32 @@ sub claim_token
 
 sub epoch_of { return $_[0] >> 32; }
 
+# The lowest epoch the clock allows now, as the extension counts it
+# (seconds since 2020-01-01 UTC), less a margin for rounding: an epoch
+# started after this call is at least this.
+sub clock_floor
+{
+	my ($n) = @_;
+	return $n->safe_psql('postgres',
+		q{SELECT extract(epoch FROM now() - '2020-01-01 UTC')::int8 - 2});
+}
+
+# An epoch started between two clock_floor() calls: at least the clock at
+# its start, greater than the epoch before it, and no greater than either
+# needs (the epoch is not sent far ahead).  The sequence's next value may
+# be up to 32 past the epoch before: nextval() WAL-logs 32 values ahead,
+# and a crash resumes from what it logged.
+sub check_epoch
+{
+	my ($n, $epoch, $prev, $floor_before, $name) = @_;
+	my $floor_after = clock_floor($n) + 4;
+	my $max = $prev + 33 > $floor_after ? $prev + 33 : $floor_after;
+	cmp_ok($epoch, '>', $prev, "$name: greater than the epoch before ($prev)");
+	cmp_ok($epoch, '>=', $floor_before, "$name: not below the clock ($floor_before)");
+	cmp_ok($epoch, '<=', $max, "$name: but no more than the clock or the epoch before need ($max)");
+	return;
+}
+
 # Freeze the WAL writer and the background writer (SIGSTOP), so that WAL
 # still in memory stays there until the next crash; the immediate shutdown
 # then kills them (SIGKILL) with the rest.  What is then on disk after the
@@ -73,9 +106,13 @@ sub hold_wal_writers
 
 # ========== 1. crashes ==========
 
+my $floor = clock_floor($node);
+cmp_ok($floor, '>', 150_000_000, "the clock floor is seconds since 2020: $floor");
 my $t1 = claim_token('postgres', 'c', 'before', q{lease => '1h'});
-is(epoch_of($t1), 1, "the first token starts epoch 1: $t1");
+check_epoch($node, epoch_of($t1), 0, $floor, 'the first token starts an epoch from the clock, ' . epoch_of($t1));
 is($t1 & 0xFFFFFFFF, 1, 'with count 1');
+is($node->safe_psql('postgres', 'SELECT last_value FROM idem_token_epoch'),
+	epoch_of($t1), 'idem_token_epoch holds that epoch');
 
 # a claim left uncommitted at the crash: its client has seen the token
 my $open = $node->background_psql('postgres', on_error_stop => 0);
@@ -86,8 +123,9 @@ $node->stop('immediate');
 $open->quit;
 $node->start;
 
+$floor = clock_floor($node);
 my $t2 = claim_token('postgres', 'c', 'open', q{in_flight => 'raise'});
-cmp_ok(epoch_of($t2), '>', epoch_of($t_open), 'after the crash, a greater epoch: ' . epoch_of($t2));
+check_epoch($node, epoch_of($t2), epoch_of($t_open), $floor, 'after the crash, a new epoch ' . epoch_of($t2));
 cmp_ok($t2, '>', $t_open, 'the key open at the crash gets a greater token');
 cmp_ok(claim_token('postgres', 'c', 'before', q{in_flight => 'raise'}), '>', $t2,
 	'and the next claim a greater one still');
@@ -97,16 +135,18 @@ cmp_ok(claim_token('postgres', 'c', 'before', q{in_flight => 'raise'}), '>', $t2
 $node->stop('immediate');
 $node->start;
 hold_wal_writers();
+$floor = clock_floor($node);
 my $t_rolled_back = $node->safe_psql('postgres', q{
 	BEGIN;
 	SELECT token FROM idem_begin('c', 'rolled-back', NULL);
 	ROLLBACK;});
-cmp_ok(epoch_of($t_rolled_back), '>', epoch_of($t2),
+check_epoch($node, epoch_of($t_rolled_back), epoch_of($t2), $floor,
 	"the first claim after the second crash started epoch " . epoch_of($t_rolled_back) . ' and rolled back');
 $node->stop('immediate');
 $node->start;
+$floor = clock_floor($node);
 my $t3 = claim_token('postgres', 'c', 'rolled-back');
-cmp_ok(epoch_of($t3), '>', epoch_of($t_rolled_back),
+check_epoch($node, epoch_of($t3), epoch_of($t_rolled_back), $floor,
 	'after a third crash the epoch is greater still: ' . epoch_of($t3));
 cmp_ok($t3, '>', $t_rolled_back, 'as is the token of the key that rolled back');
 
@@ -120,6 +160,7 @@ PostgreSQL::Test::Utils::append_to_file($script, q{
 \set n :n + 1
 SELECT idem_begin('roll', :client_id || '-' || :n, NULL);
 });
+$floor = clock_floor($node);
 $node->command_ok(
 	[ 'pgbench', '-n', '-c', '8', '-j', '2', '-t', '25', '-D', 'n=0', '-f', $script,
 		$node->connstr('postgres') ],
@@ -127,9 +168,13 @@ $node->command_ok(
 is( $node->safe_psql('postgres', q{
 		SELECT count(*) || '|' || count(DISTINCT token) FROM idem_record WHERE operation = 'roll'}),
 	'200|200', '200 claims, 200 distinct tokens');
-is( $node->safe_psql('postgres', qq{
-		SELECT string_agg(DISTINCT (token >> 32)::text, ',') FROM idem_record WHERE operation = 'roll'}),
-	$epoch . ',' . ($epoch + 1), 'in the old epoch and the next one');
+my @roll_epochs = split /,/, $node->safe_psql('postgres', qq{
+		SELECT string_agg(DISTINCT (token >> 32)::text, ',' ORDER BY (token >> 32)::text)
+		  FROM idem_record WHERE operation = 'roll'});
+is(scalar @roll_epochs, 2, 'in two epochs: ' . join(', ', @roll_epochs));
+is($roll_epochs[0], $epoch, 'the old epoch');
+my $next_epoch = $roll_epochs[1] // 0;
+check_epoch($node, $next_epoch, $epoch, $floor, "and the next one, $next_epoch");
 is( $node->safe_psql('postgres', qq{
 		SELECT count(*) FROM idem_record
 		 WHERE operation = 'roll' AND token & 4294967295 >= $COUNT_LIMIT}),
@@ -142,7 +187,7 @@ is( $node->safe_psql('postgres', q{
 		 WHERE back}),
 	'0', "each session's tokens increase");
 is($node->safe_psql('postgres', 'SELECT last_value FROM idem_token_epoch'),
-	$epoch + 1, 'the epoch moved on by exactly one');
+	$next_epoch, 'idem_token_epoch holds the new epoch: one epoch started, not more');
 
 # ========== 3. a database still on 1.1 ==========
 
@@ -171,6 +216,8 @@ like($stderr, qr/ERROR:  IK412/, "1.1: the pre-crash worker's finish is fenced o
 $node->safe_psql('legacy', q{SELECT setval('idem_token_seq', 5000000000)});
 my $t_big = claim_token('legacy', 'l', 'big');
 $node->safe_psql('legacy', q{ALTER EXTENSION idempotency UPDATE});
+is($node->safe_psql('legacy', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+	'1.3', 'updated to 1.3');
 my $t_updated = claim_token('legacy', 'l', 'after-update');
 cmp_ok($t_updated, '>', $t_big, "tokens keep increasing across the update to epochs: $t_updated");
 $node->stop('immediate');
@@ -192,22 +239,49 @@ $standby->init_from_backup($primary, 'b', has_streaming => 1);
 $standby->append_conf('postgresql.conf', "synchronous_standby_names = ''\n");
 $standby->start;
 $primary->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+$floor = clock_floor($primary);
 my $s1 = $primary->safe_psql('postgres', q{SELECT token FROM idem_begin('s', 'k1', NULL)});
-is(epoch_of($s1), 1, 'primary: epoch 1');
+check_epoch($primary, epoch_of($s1), 0, $floor, 'primary: the first epoch ' . epoch_of($s1));
 
 $standby->stop;
 $primary->stop('immediate');
 $primary->start;
+$floor = clock_floor($primary);
 
 # a wait cut short is an error, and hands out no token
 ($ret, $stdout, $stderr) = $primary->psql('postgres', q{
 	SET statement_timeout = '500ms';
 	SELECT token FROM idem_begin('s', 'k2', NULL);},
 	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
-like($stderr, qr/ERROR:  57014: canceled waiting for synchronous standbys to confirm a new idempotency token epoch/,
+like($stderr, qr/ERROR:  57014: canceling statement due to statement timeout/,
 	'with the standby down, a claim that starts an epoch waits; statement_timeout: 57014');
+unlike($stderr, qr/WARNING|already committed locally/,
+	'and no WARNING that the transaction "has already committed locally"');
 is($primary->safe_psql('postgres', q{SELECT count(*) FROM idem_record WHERE key = 'k2'}),
 	'0', 'and no claim is left behind');
+
+# a cancel: the same
+my $canceled = $primary->background_psql('postgres', on_error_stop => 0,
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+send_sql($canceled, q{SELECT token FROM idem_begin('s', 'k2', NULL);});
+ok( $primary->poll_query_until('postgres', q{
+		SELECT count(*) = 1 FROM pg_stat_activity
+		 WHERE wait_event_type = 'Extension' AND wait_event = 'Extension'
+		   AND query LIKE '%idem_begin%'}),
+	'a claim starting an epoch waits for the standby (wait event Extension)');
+ok($primary->safe_psql('postgres', q{
+		SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+		 WHERE wait_event_type = 'Extension' AND query LIKE '%idem_begin%'}) eq 't',
+	'and is canceled');
+my (undef, $cstate, $cerr) = wait_sql($canceled);
+is($cstate, '57014', 'a cancel during the wait: 57014');
+like($cerr, qr/ERROR:  57014: canceling statement due to user request/,
+	'with the usual message');
+unlike($cerr, qr/WARNING|already committed locally/,
+	'and no WARNING that the transaction "has already committed locally"');
+$canceled->quit;
+is($primary->safe_psql('postgres', q{SELECT count(*) FROM idem_record WHERE key = 'k2'}),
+	'0', 'no claim is left behind by the canceled one either');
 
 # synchronous_commit = local in the session does not skip the wait
 my $session = $primary->background_psql('postgres', on_error_stop => 0);
@@ -215,15 +289,21 @@ run_sql($session, 'SET synchronous_commit = local; BEGIN;');
 send_sql($session, q{SELECT token FROM idem_begin('s', 'k2', NULL);});
 ok( $primary->poll_query_until('postgres', q{
 		SELECT count(*) = 1 FROM pg_stat_activity
-		 WHERE wait_event = 'SyncRep' AND query LIKE '%idem_begin%'}),
-	'a claim in a synchronous_commit = local session waits for the standby too (SyncRep)');
+		 WHERE wait_event_type = 'Extension' AND wait_event = 'Extension'
+		   AND query LIKE '%idem_begin%'}),
+	'a claim in a synchronous_commit = local session waits for the standby too (wait event Extension)');
+is($primary->safe_psql('postgres', q{
+		SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'}),
+	'0', 'not in SyncRepWaitForLSN');
 ok(!sql_done($session), 'and has not returned a token');
 cmp_ok($primary->safe_psql('postgres', 'SELECT last_value FROM idem_token_seq'), '<', 0,
 	'meanwhile the count is parked far below zero: what others draw from it is unusable');
 $standby->start;
-my ($s2, $state) = wait_sql($session);
+my ($s2, $state, $s2err) = wait_sql($session);
 is($state, '00000', 'the standby back, the claim returns');
 cmp_ok(epoch_of($s2), '>', epoch_of($s1), "with a greater epoch: $s2");
+cmp_ok(epoch_of($s2), '>=', $floor, 'not below the clock');
+unlike($s2err, qr/WARNING/, 'and no WARNING');
 run_sql($session, 'COMMIT;');
 $session->quit;
 my $s_max = $primary->safe_psql('postgres', q{SELECT token FROM idem_begin('s', 'k3', NULL)});
