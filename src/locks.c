@@ -99,14 +99,31 @@ relation_locks_held(Oid relid, LOCKTAG *tag)
 	return held;
 }
 
-/* Is anyone queued for a lock on the relation that conflicts with ours? */
+/*
+ * Is anyone queued for a lock on the relation that conflicts with ours?
+ * (LockHasWaiters cannot say: it knows nothing of fast-path locks, which is
+ * how weak relation locks are usually held.)  This copies the lock table,
+ * which is only done once per deadlock_timeout by a sleeper that still
+ * holds a lock on the record table -- a rare case.
+ */
 static bool
 relation_lock_has_waiters(const LOCKTAG *tag, LOCKMASK held)
 {
-	for (LOCKMODE mode = 1; mode <= MaxLockMode; mode++)
-		if ((held & LOCKBIT_ON(mode)) && LockHasWaiters(tag, mode, false))
-			return true;
-	return false;
+	LockData   *data = GetLockStatusData();
+	LockMethod	method = GetLockTagsMethodTable(tag);
+	bool		waiters = false;
+
+	for (int i = 0; i < data->nelements && !waiters; i++)
+	{
+		LockInstanceData *lock = &data->locks[i];
+
+		if (lock->waitLockMode != NoLock &&
+			lock->pid != MyProcPid &&
+			memcmp(&lock->locktag, tag, sizeof(LOCKTAG)) == 0 &&
+			(method->conflictTab[lock->waitLockMode] & held) != 0)
+			waiters = true;
+	}
+	return waiters;
 }
 
 /*
