@@ -100,3 +100,20 @@ SELECT idem_finish('admin', 'same-xact-rewrite', :rewrite_token, '"finished afte
 SELECT idem_set_logged(false);
 COMMIT;
 SELECT status, response FROM idem_begin('admin', 'same-xact-rewrite', NULL);
+
+-- Row triggers on the record table fire on every write, as they would on
+-- an INSERT, UPDATE or DELETE (pg_repack captures writes with one).
+CREATE TABLE admin_trigger_log (op text, key text);
+CREATE FUNCTION admin_trigger_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO admin_trigger_log VALUES (TG_OP, coalesce(NEW.key, OLD.key));
+  RETURN NULL;
+END $$;
+CREATE TRIGGER admin_log AFTER INSERT OR UPDATE OR DELETE ON idem_record
+  FOR EACH ROW EXECUTE FUNCTION admin_trigger_log();
+SELECT idem_finish('admin', 'trig-1', (idem_begin('admin', 'trig-1', NULL)).token, '"t"');
+SELECT idem_abort('admin', 'trig-2', (idem_begin('admin', 'trig-2', NULL)).token);
+SELECT * FROM admin_trigger_log;
+DROP TRIGGER admin_log ON idem_record;
+DROP FUNCTION admin_trigger_log();
+DROP TABLE admin_trigger_log;

@@ -395,6 +395,9 @@ write_begin(IdemStore *store, RecordWrite *w)
 
 	w->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(w->rri, store->heap, 1, NULL, 0);
+	/* so that AFTER triggers find it, and ExecCloseResultRelations closes it */
+	w->estate->es_opened_result_relations =
+		lappend(w->estate->es_opened_result_relations, w->rri);
 	w->estate->es_output_cid = GetCurrentCommandId(true);
 	ExecOpenIndices(w->rri, false);
 	idem_epq_init(&w->epq, w->estate);
@@ -415,7 +418,9 @@ write_end(RecordWrite *w)
 {
 	AfterTriggerEndQuery(w->estate);
 	EvalPlanQualEnd(&w->epq);
-	ExecCloseIndices(w->rri);
+	/* our indexes, and relations the triggers opened */
+	ExecCloseResultRelations(w->estate);
+	ExecCloseRangeTableRelations(w->estate);
 	ExecResetTupleTable(w->estate->es_tupleTable, false);
 	FreeExecutorState(w->estate);
 	CommandCounterIncrement();

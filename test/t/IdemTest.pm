@@ -161,11 +161,13 @@ COMMIT;
 });
 	my $connstr = $node->connstr($db);
 	$connstr .= " user=$o{user}" if defined $o{user};
-	my $h = { out => '', err => '', op => $op };
+	# output goes to files: a pipe nobody reads while the test waits
+	# elsewhere would fill up and stop pgbench
+	my $h = { op => $op, outfile => "$script.out", errfile => "$script.err" };
 	$h->{run} = IPC::Run::start(
 		[ 'pgbench', '-n', '-c', $clients, '-j', $jobs, '-T', $seconds,
 			'-f', $script, $connstr ],
-		'>', \$h->{out}, '2>', \$h->{err});
+		'>', $h->{outfile}, '2>', $h->{errfile});
 	return $h;
 }
 
@@ -177,7 +179,8 @@ sub stop_load
 		$h->{run}->signal('INT');
 	}
 	eval { $h->{run}->finish; };
-	return ($h->{out}, $h->{err});
+	return (PostgreSQL::Test::Utils::slurp_file($h->{outfile}),
+		PostgreSQL::Test::Utils::slurp_file($h->{errfile}));
 }
 
 # load_progressed($node, $db, $n): wait until $n more transactions (commits
