@@ -9,7 +9,9 @@
 # Functions that can fail return non-zero and print why; they never exit,
 # so the caller decides whether a failure is fatal.
 
-PG_MAJOR=15
+# PostgreSQL major version under test: 15 on the host; test/run sets 17 or 18
+# inside its chroots (test/chroot.sh)
+: "${PG_MAJOR:=15}"
 : "${PG_BINDIR:=/usr/lib/postgresql/$PG_MAJOR/bin}"
 PG_CONFIG="$PG_BINDIR/pg_config"
 PG_SHAREDIR="/usr/share/postgresql/$PG_MAJOR"
@@ -173,6 +175,10 @@ missing_packages() {
 	perl -MIPC::Run -e1 >/dev/null 2>&1 || echo libipc-run-perl
 	# the connection-pooler TAP test starts its own pgbouncer
 	command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]] || echo pgbouncer
+	# the pg_repack TAP test (330) needs the server extension and its client
+	if [[ ! -f $PG_SHAREDIR/extension/pg_repack.control || ! -x $PG_BINDIR/pg_repack ]]; then
+		echo postgresql-$PG_MAJOR-repack
+	fi
 	# commands a mode needs besides: "command:package" pairs
 	local need
 	for need in ${EXTRA_COMMANDS:-}; do
@@ -351,10 +357,15 @@ stop_servers_under() {
 # output.  PG15 prints one line per test file:
 #   test foo                          ... ok           12 ms
 #        foo                          ... FAILED       12 ms   (parallel group)
-# "failed (ignored)" counts as passed, as pg_regress itself does.
+# PG16 and later print TAP:
+#   ok 1         - foo                                  12 ms
+#   not ok 2     + foo                                  12 ms   (+: parallel group)
+# "failed (ignored)" ("# (ignored)") counts as passed, as pg_regress itself does.
 count_pg_regress() {
 	awk '/ \.\.\. ok( |$)/ { p++ }
 		/ \.\.\. failed \(ignored\)/ { p++ }
 		/ \.\.\. FAILED/ { f++ }
+		/^ok [0-9]+ +[-+] / { p++ }
+		/^not ok [0-9]+ +[-+] / { if ($0 ~ /# \(ignored\)/) p++; else f++ }
 		END { print p + 0, f + 0 }' "$1"
 }
