@@ -34,6 +34,11 @@ CREATE FUNCTION ext_objects() RETURNS SETOF text LANGUAGE sql AS $$
    WHERE d.refclassid = 'pg_extension'::regclass
      AND e.extname = 'idempotency'
      AND d.deptype = 'e'
+     -- row types of tables and views, and array types, are members only
+     -- from PostgreSQL 17 on: they follow their relation or element type
+     AND NOT (d.classid = 'pg_type'::regclass AND EXISTS (
+           SELECT FROM pg_type t LEFT JOIN pg_class c ON c.oid = t.typrelid
+            WHERE t.oid = d.objid AND (t.typelem <> 0 OR c.relkind <> 'c')))
 $$;
 
 -- This session uses the fresh install (and so remembers its objects) ...

@@ -47,6 +47,7 @@ idem_purge(PG_FUNCTION_ARGS)
 	Oid			argtypes[1] = {INT4OID};
 	Datum		args[1];
 	uint64		deleted;
+	int			rc;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -68,8 +69,9 @@ idem_purge(PG_FUNCTION_ARGS)
 	args[0] = Int32GetDatum(max_rows);
 
 	SPI_connect();
-	if (SPI_execute_with_args(query, 1, argtypes, args, NULL, false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "idem_purge: delete failed");
+	rc = SPI_execute_with_args(query, 1, argtypes, args, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "idempotency: purge failed: %s", SPI_result_code_string(rc));
 	deleted = SPI_processed;
 	SPI_finish();
 
@@ -87,6 +89,7 @@ idem_set_logged(PG_FUNCTION_ARGS)
 {
 	bool		logged;
 	char	   *query;
+	int			rc;
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
@@ -98,8 +101,9 @@ idem_set_logged(PG_FUNCTION_ARGS)
 					 logged ? "LOGGED" : "UNLOGGED");
 
 	SPI_connect();
-	if (SPI_execute(query, false, 0) != SPI_OK_UTILITY)
-		elog(ERROR, "idem_set_logged: alter table failed");
+	rc = SPI_execute(query, false, 0);
+	if (rc != SPI_OK_UTILITY)
+		elog(ERROR, "idempotency: ALTER TABLE failed: %s", SPI_result_code_string(rc));
 	SPI_finish();
 
 	PG_RETURN_VOID();

@@ -54,114 +54,6 @@ typedef enum ClaimStatus
 	CLAIM_REPLAY
 } ClaimStatus;
 
-/* ---- arguments ---- */
-
-/* 22004 when argument argno is NULL; hint may be NULL */
-static void
-require_not_null(FunctionCallInfo fcinfo, int argno, const char *what,
-				 const char *hint)
-{
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("idempotency %s must not be null", what),
-				 hint ? errhint("%s", hint) : 0));
-}
-
-static text *
-required_name(FunctionCallInfo fcinfo, int argno, const char *what)
-{
-	text	   *value;
-	int			chars;
-
-	require_not_null(fcinfo, argno, what, NULL);
-
-	value = PG_GETARG_TEXT_PP(argno);
-	chars = pg_mbstrlen_with_len(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
-	if (chars == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("idempotency %s must not be empty", what)));
-	if (chars > IDEM_MAX_KEY_CHARS)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("idempotency %s is too long", what),
-				 errdetail("It has %d characters; at most %d are allowed.",
-						   chars, IDEM_MAX_KEY_CHARS)));
-	return value;
-}
-
-/* The calling role's key for (operation, key) from arguments 0 and 1 */
-void
-idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key)
-{
-	uint64		h;
-
-	key->role = GetUserId();
-	key->operation = required_name(fcinfo, 0, "operation");
-	key->key = required_name(fcinfo, 1, "key");
-
-	/* unambiguous: a length always precedes the variable parts */
-	h = hash_bytes_uint32_extended(key->role,
-								   VARSIZE_ANY_EXHDR(key->operation));
-	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key->operation),
-							VARSIZE_ANY_EXHDR(key->operation), h);
-	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key->key),
-							VARSIZE_ANY_EXHDR(key->key), h);
-	key->hash = h;
-}
-
-static int64
-required_token(FunctionCallInfo fcinfo, int argno)
-{
-	require_not_null(fcinfo, argno, "token", NULL);
-	return PG_GETARG_INT64(argno);
-}
-
-/*
- * An interval as microseconds, months counted as 30 days as interval
- * comparison does.  Out-of-range values are an invalid argument, not an
- * overflow deep inside timestamp arithmetic.
- */
-static int64
-interval_usecs(const Interval *iv, const char *what)
-{
-	int64		usecs;
-	int64		days = (int64) iv->month * DAYS_PER_MONTH + iv->day;
-
-	if (pg_mul_s64_overflow(days, USECS_PER_DAY, &usecs) ||
-		pg_add_s64_overflow(usecs, iv->time, &usecs))
-		usecs = (days > 0 || (days == 0 && iv->time > 0)) ? PG_INT64_MAX : PG_INT64_MIN;
-
-	if (usecs > IDEM_MAX_INTERVAL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("idempotency %s is too long", what),
-				 errdetail("At most 36500 days is allowed.")));
-	return usecs;
-}
-
-static IdemInFlightPolicy
-policy_from_arg(FunctionCallInfo fcinfo, int argno)
-{
-	char	   *name;
-
-	if (PG_ARGISNULL(argno))
-		return (IdemInFlightPolicy) idem_in_flight;
-
-	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
-	/* case-insensitive, as the setting idempotency.in_flight is */
-	if (pg_strcasecmp(name, "wait") == 0)
-		return IDEM_IN_FLIGHT_WAIT;
-	if (pg_strcasecmp(name, "raise") == 0)
-		return IDEM_IN_FLIGHT_RAISE;
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("unknown in_flight policy \"%s\"", name),
-			 errhint("Use 'wait' or 'raise'.")));
-	pg_unreachable();
-}
-
 /* ---- errors ---- */
 
 /*
@@ -285,6 +177,7 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 		rec->in_snapshot && record_is_live(rec, GetCurrentTimestamp()))
 	{
 		check_fingerprint(key, rec, fingerprint);
+		Assert(rec->response != NULL);
 		return CLAIM_REPLAY;
 	}
 
@@ -421,22 +314,13 @@ idem_begin(PG_FUNCTION_ARGS)
 	idem_check_settings();
 
 	idem_key_from_args(fcinfo, &key);
-	fingerprint = PG_ARGISNULL(2) ? NULL : PG_GETARG_BYTEA_PP(2);
-	if (fingerprint != NULL &&
-		VARSIZE_ANY_EXHDR(fingerprint) > IDEM_MAX_FINGERPRINT_BYTES)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("idempotency fingerprint is too long"),
-				 errdetail("It has %zu bytes; at most %d are allowed.",
-						   (Size) VARSIZE_ANY_EXHDR(fingerprint),
-						   IDEM_MAX_FINGERPRINT_BYTES),
-				 errhint("Pass a hash of the request, such as idem_fingerprint(...).")));
-	policy = policy_from_arg(fcinfo, 3);
+	fingerprint = idem_fingerprint_arg(fcinfo, 2);
+	policy = idem_policy_arg(fcinfo, 3);
 
 	if (PG_ARGISNULL(4))
 		lease = (int64) idem_lease_ms * 1000;
 	else
-		lease = interval_usecs(PG_GETARG_INTERVAL_P(4), "lease");
+		lease = idem_interval_usecs(PG_GETARG_INTERVAL_P(4), "lease");
 
 	if (PG_ARGISNULL(5))
 	{
@@ -445,7 +329,7 @@ idem_begin(PG_FUNCTION_ARGS)
 	}
 	else
 		ttl = *PG_GETARG_INTERVAL_P(5);
-	ttl_usecs = interval_usecs(&ttl, "ttl");
+	ttl_usecs = idem_interval_usecs(&ttl, "ttl");
 
 	if (lease <= 0)
 		ereport(ERROR,
@@ -555,12 +439,16 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 			continue;			/* look again, now in order with waiters */
 		}
 
+		/* a version of ours has no sleepers; any other is ours under the key lock */
+		Assert(rec->mine || locked);
+		Assert(rec->token == token && IdemRecordIsPending(rec));
+
 		now = GetCurrentTimestamp();
 		switch (action)
 		{
 			case CLAIM_FINISH:
 				rec->completed_at = now;
-				rec->expires_at = now + interval_usecs(&rec->ttl, "ttl");
+				rec->expires_at = now + idem_interval_usecs(&rec->ttl, "ttl");
 				rec->response = response;
 				result = idem_store_update(store, key, rec);
 				break;
@@ -568,7 +456,7 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 				result = idem_store_delete(store, rec);
 				break;
 			case CLAIM_RENEW:
-				if (lease > interval_usecs(&rec->ttl, "ttl"))
+				if (lease > idem_interval_usecs(&rec->ttl, "ttl"))
 					ereport(ERROR,
 							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 							 errmsg("idempotency lease must not be longer than its ttl")));
@@ -614,41 +502,6 @@ act_on_claim_for(FunctionCallInfo fcinfo, const char *fname, const IdemKey *key,
 	return held;
 }
 
-static void
-response_too_large(bool as_text, Size size)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-			 errmsg("idempotency response is too large"),
-			 as_text ?
-			 errdetail("Its text form takes %zu bytes; idempotency.max_response_size is %d bytes.",
-					   size, idem_max_response_size) :
-			 errdetail("The response takes %zu bytes; idempotency.max_response_size is %d bytes.",
-					   size, idem_max_response_size),
-			 errhint("Store the response elsewhere and finish with a reference to it.")));
-}
-
-/*
- * A stored response must always be replayable: both its stored form and
- * its text form, which is what a replay sends, must fit
- * idempotency.max_response_size.  The text form can be far larger than the
- * stored one (a control character takes six characters, a number such as
- * 1e100000 a hundred thousand digits); the setting's maximum keeps it, even
- * quoted inside a row, well below PostgreSQL's 1 GB limit for one value.
- */
-static void
-check_response_size(Jsonb *response)
-{
-	char	   *text;
-
-	if (VARSIZE(response) > (Size) idem_max_response_size)
-		response_too_large(false, VARSIZE(response));
-	text = JsonbToCString(NULL, &response->root, VARSIZE(response));
-	if (strlen(text) > (Size) idem_max_response_size)
-		response_too_large(true, strlen(text));
-	pfree(text);
-}
-
 Datum
 idem_finish(PG_FUNCTION_ARGS)
 {
@@ -661,11 +514,8 @@ idem_finish(PG_FUNCTION_ARGS)
 	idem_check_settings();
 
 	idem_key_from_args(fcinfo, &key);
-	token = required_token(fcinfo, 2);
-	require_not_null(fcinfo, 3, "response",
-					 "Use idem_abort to release a claim without a result.");
-	response = PG_GETARG_JSONB_P(3);
-	check_response_size(response);
+	token = idem_token_arg(fcinfo, 2);
+	response = idem_response_arg(fcinfo, 3);
 
 	held = act_on_claim_for(fcinfo, "idem_finish()", &key, token, CLAIM_FINISH,
 							response, 0, &rec);
@@ -686,7 +536,7 @@ idem_abort(PG_FUNCTION_ARGS)
 	idem_check_settings();
 
 	idem_key_from_args(fcinfo, &key);
-	token = required_token(fcinfo, 2);
+	token = idem_token_arg(fcinfo, 2);
 
 	held = act_on_claim_for(fcinfo, "idem_abort()", &key, token, CLAIM_ABORT,
 							NULL, 0, &rec);
@@ -712,9 +562,9 @@ idem_renew(PG_FUNCTION_ARGS)
 	idem_check_settings();
 
 	idem_key_from_args(fcinfo, &key);
-	token = required_token(fcinfo, 2);
-	require_not_null(fcinfo, 3, "lease", NULL);
-	lease = interval_usecs(PG_GETARG_INTERVAL_P(3), "lease");
+	token = idem_token_arg(fcinfo, 2);
+	idem_require_arg(fcinfo, 3, "lease");
+	lease = idem_interval_usecs(PG_GETARG_INTERVAL_P(3), "lease");
 	if (lease <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -4,15 +4,21 @@
  *	  Shared declarations of the idempotency extension.
  *
  * The extension is split by concern:
- *	  idempotency.c  module entry point and settings (idempotency.*)
- *	  claim.c        the claim logic: idem_begin / idem_finish / idem_abort
+ *	  idempotency.c  module entry point: calls each part's init
+ *	  args.c         arguments of the idem_* functions, and the settings
+ *	                 that give their defaults
+ *	  claim.c        the claim logic: idem_begin / idem_finish / idem_abort /
+ *	                 idem_renew
  *	  storage.c      direct access to the record table, its index and the
  *	                 token sequence
  *	  locks.c        the per-key lock, waiting for a claim and waking waiters
  *	  fingerprint.c  idem_fingerprint()
  *	  admin.c        idem_purge() and idem_set_logged()
- *	  stats.c        idem_inspect, idem_stats, counters in shared memory
- *	  purge_worker.c the background worker that purges expired records
+ *	  stats.c        idem_inspect, idem_stats: the records as a DBA sees them
+ *	  counters.c     server-wide counters in shared memory
+ *	  purge_worker.c the background worker that purges expired records, and
+ *	                 its settings
+ *	  pg_compat.h    differences between PostgreSQL versions
  *
  *-------------------------------------------------------------------------
  */
@@ -42,28 +48,14 @@
 /* Shortest retention a record may be given */
 #define IDEM_MIN_TTL			(60 * USECS_PER_SEC)
 /* Longest lease or retention accepted, to keep timestamps in range */
-#define IDEM_MAX_INTERVAL		(INT64CONST(36500) * USECS_PER_DAY)
-
-/* ---- settings (idempotency.c) ---- */
+#define IDEM_MAX_INTERVAL_DAYS	36500
+#define IDEM_MAX_INTERVAL		((int64) IDEM_MAX_INTERVAL_DAYS * USECS_PER_DAY)
 
 typedef enum IdemInFlightPolicy
 {
 	IDEM_IN_FLIGHT_WAIT,
 	IDEM_IN_FLIGHT_RAISE
 } IdemInFlightPolicy;
-
-extern int	idem_in_flight;			/* IdemInFlightPolicy */
-extern int	idem_lease_ms;
-extern int	idem_ttl_s;
-extern int	idem_max_response_size;
-extern int	idem_purge_interval_s;
-extern int	idem_purge_batch_size;
-extern int	idem_purge_delay_ms;
-extern char *idem_purge_databases;
-
-extern void idem_check_settings(void);
-
-/* ---- storage (storage.c) ---- */
 
 /* Identifies one record: the calling role's key for one operation */
 typedef struct IdemKey
@@ -73,6 +65,25 @@ typedef struct IdemKey
 	text	   *key;
 	uint64		hash;			/* of all three; names the key's locks */
 } IdemKey;
+
+/* ---- arguments and their settings (args.c) ---- */
+
+extern int	idem_in_flight;			/* IdemInFlightPolicy */
+extern int	idem_lease_ms;
+extern int	idem_ttl_s;
+extern int	idem_max_response_size;
+
+extern void idem_args_init(void);
+extern void idem_check_settings(void);
+extern void idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name);
+extern void idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key);
+extern int64 idem_token_arg(FunctionCallInfo fcinfo, int argno);
+extern bytea *idem_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
+extern IdemInFlightPolicy idem_policy_arg(FunctionCallInfo fcinfo, int argno);
+extern int64 idem_interval_usecs(const Interval *iv, const char *name);
+extern Jsonb *idem_response_arg(FunctionCallInfo fcinfo, int argno);
+
+/* ---- storage (storage.c) ---- */
 
 /* The record table and its primary key index, open for one call */
 typedef struct IdemStore
@@ -130,11 +141,7 @@ extern void idem_store_init(void);
 
 extern int64 idem_next_token(IdemStore *store);
 
-/* ---- claim logic (claim.c) ---- */
-
-extern void idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key);
-
-/* ---- counters (stats.c) ---- */
+/* ---- counters (counters.c) ---- */
 
 typedef enum IdemCounter
 {
@@ -151,12 +158,17 @@ typedef enum IdemCounter
 	IDEM_NUM_COUNTERS
 } IdemCounter;
 
-extern void idem_stats_shmem_init(void);
+extern void idem_counters_init(void);
 extern void idem_count(IdemCounter counter, int64 n);
 
 /* ---- background purge (purge_worker.c) ---- */
 
-extern void idem_purge_workers_register(void);
+extern int	idem_purge_interval_s;
+extern int	idem_purge_batch_size;
+extern int	idem_purge_delay_ms;
+extern char *idem_purge_databases;
+
+extern void idem_purge_init(void);
 PGDLLEXPORT extern void idem_purge_worker_main(Datum arg);
 
 /* ---- locks and waiting (locks.c) ---- */

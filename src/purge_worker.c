@@ -27,26 +27,43 @@
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/varlena.h"
 
 #include "idempotency.h"
 
-void
-idem_purge_workers_register(void)
+int			idem_purge_interval_s = 60;
+int			idem_purge_batch_size = 1000;
+int			idem_purge_delay_ms = 10;
+char	   *idem_purge_databases = NULL;
+
+/* idempotency.databases: a comma-separated list of names */
+static bool
+check_databases(char **newval, void **extra, GucSource source)
+{
+	char	   *names = pstrdup(*newval);
+	List	   *databases;
+	bool		ok = SplitIdentifierString(names, ',', &databases);
+
+	if (!ok)
+		GUC_check_errdetail("List syntax is invalid.");
+	list_free(databases);
+	pfree(names);
+	return ok;
+}
+
+static void
+register_workers(void)
 {
 	char	   *names = pstrdup(idem_purge_databases);
 	List	   *databases;
 	ListCell   *lc;
 
+	/* checked by check_databases */
 	if (!SplitIdentifierString(names, ',', &databases))
-	{
-		ereport(WARNING,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid list syntax in idempotency.databases; no purge worker started")));
-		return;
-	}
+		elog(ERROR, "idempotency: invalid list syntax in idempotency.databases");
 
 	foreach(lc, databases)
 	{
@@ -67,6 +84,66 @@ idem_purge_workers_register(void)
 }
 
 /*
+ * Define the purge settings, and start the workers when preloaded; called
+ * from _PG_init.
+ */
+void
+idem_purge_init(void)
+{
+	DefineCustomIntVariable("idempotency.purge_interval",
+							"Time between runs of the purge worker.",
+							"Only used when idempotency is in shared_preload_libraries.",
+							&idem_purge_interval_s,
+							60,
+							1,
+							INT_MAX / 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.purge_batch_size",
+							"Records the purge worker deletes per transaction.",
+							NULL,
+							&idem_purge_batch_size,
+							1000,
+							1,
+							1000000,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.purge_delay",
+							"Pause of the purge worker between two full batches.",
+							"Spreads the purge of a large backlog so that it does not take a CPU from the load.",
+							&idem_purge_delay_ms,
+							10,
+							0,
+							10000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	/*
+	 * The workers' databases can change only at server start, so that setting
+	 * exists only when preloaded -- as do the workers and the shared memory
+	 * of the counters.
+	 */
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomStringVariable("idempotency.databases",
+								   "Databases the purge worker keeps clean (comma-separated).",
+								   "Only used when idempotency is in shared_preload_libraries.",
+								   &idem_purge_databases,
+								   "postgres",
+								   PGC_POSTMASTER,
+								   0,
+								   check_databases, NULL, NULL);
+
+
+	if (process_shared_preload_libraries_in_progress)
+		register_workers();
+}
+
+/*
  * One batch in one transaction.  Returns the number of records deleted, or
  * -1 when the extension is not installed in this database.
  */
@@ -74,6 +151,7 @@ static int64
 purge_one_batch(void)
 {
 	int64		deleted = -1;
+	int			rc;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -81,11 +159,13 @@ purge_one_batch(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "idempotency: purging expired records");
 
-	if (SPI_execute("SELECT n.nspname FROM pg_catalog.pg_extension e"
-					" JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace"
-					" WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'",
-					true, 1) != SPI_OK_SELECT)
-		elog(ERROR, "idempotency purge worker: extension look-up failed");
+	rc = SPI_execute("SELECT n.nspname FROM pg_catalog.pg_extension e"
+					 " JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace"
+					 " WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'",
+					 true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "idempotency: extension look-up failed: %s",
+			 SPI_result_code_string(rc));
 
 	if (SPI_processed == 1)
 	{
@@ -95,8 +175,10 @@ purge_one_batch(void)
 		Datum		args[1] = {Int32GetDatum(idem_purge_batch_size)};
 		bool		isnull;
 
-		if (SPI_execute_with_args(query, 1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT)
-			elog(ERROR, "idempotency purge worker: idem_purge failed");
+		rc = SPI_execute_with_args(query, 1, argtypes, args, NULL, false, 1);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "idempotency: idem_purge failed: %s",
+				 SPI_result_code_string(rc));
 		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											  SPI_tuptable->tupdesc, 1, &isnull));
 	}

@@ -1,12 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * stats.c
- *	  What a DBA looks at: idem_inspect (one key), idem_stats (records per
- *	  operation) and the cumulative counters kept in shared memory.
- *
- * The counters exist only when the library is in shared_preload_libraries
- * (shared memory can be reserved only at server start).  Without it the
- * counting calls are no-ops and reading the counters says so.
+ *	  The records as a DBA looks at them: idem_inspect (one key of the
+ *	  calling role) and idem_stats (its records per operation).  The
+ *	  server-wide counters are in counters.c.
  *
  *-------------------------------------------------------------------------
  */
@@ -16,10 +13,6 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "port/atomics.h"
-#include "storage/ipc.h"
-#include "storage/lwlock.h"
-#include "storage/shmem.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -27,119 +20,10 @@
 
 PG_FUNCTION_INFO_V1(idem_inspect);
 PG_FUNCTION_INFO_V1(idem_stats_records);
-PG_FUNCTION_INFO_V1(idem_counters);
-PG_FUNCTION_INFO_V1(idem_stats_reset);
 
-/* ---- counters in shared memory ---- */
-
-typedef struct IdemSharedCounters
-{
-	pg_atomic_uint64 value[IDEM_NUM_COUNTERS];
-	pg_atomic_uint64 reset_at;	/* TimestampTz of the last reset */
-} IdemSharedCounters;
-
-static IdemSharedCounters *counters = NULL;
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
-static void
-counters_shmem_request(void)
-{
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemSharedCounters)));
-}
-
-static void
-counters_shmem_startup(void)
-{
-	bool		found;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	counters = ShmemInitStruct("idempotency counters",
-							   sizeof(IdemSharedCounters), &found);
-	if (!found)
-	{
-		for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
-			pg_atomic_init_u64(&counters->value[i], 0);
-		pg_atomic_init_u64(&counters->reset_at, (uint64) GetCurrentTimestamp());
-	}
-	LWLockRelease(AddinShmemInitLock);
-}
-
-/* Called from _PG_init while shared_preload_libraries are being loaded */
-void
-idem_stats_shmem_init(void)
-{
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = counters_shmem_request;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = counters_shmem_startup;
-}
-
-void
-idem_count(IdemCounter counter, int64 n)
-{
-	if (counters != NULL)
-		pg_atomic_fetch_add_u64(&counters->value[counter], (uint64) n);
-}
-
-static void
-require_counters(void)
-{
-	if (counters == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("idempotency counters are not available"),
-				 errdetail("The counters live in shared memory, which only a library in shared_preload_libraries can have."),
-				 errhint("Add idempotency to shared_preload_libraries and restart the server. idem_stats works without it.")));
-}
-
-/*
- * idem_counters(): one row of cumulative counters since the last
- * reset, for the whole server.
- */
-Datum
-idem_counters(PG_FUNCTION_ARGS)
-{
-	TupleDesc	tupdesc;
-	Datum		values[IDEM_NUM_COUNTERS + 1];
-	bool		nulls[IDEM_NUM_COUNTERS + 1] = {0};
-
-	require_counters();
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "idem_counters: return type must be a row type");
-	if (tupdesc->natts != IDEM_NUM_COUNTERS + 1)
-		elog(ERROR, "idem_counters: expected %d columns", IDEM_NUM_COUNTERS + 1);
-
-	for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
-	{
-		uint64		v = pg_atomic_read_u64(&counters->value[i]);
-
-		if (i == IDEM_COUNT_WAIT_TIME)
-			values[i] = Float8GetDatum((double) v / 1000.0);	/* ms */
-		else
-			values[i] = Int64GetDatum((int64) v);
-	}
-	values[IDEM_NUM_COUNTERS] =
-		TimestampTzGetDatum((TimestampTz) pg_atomic_read_u64(&counters->reset_at));
-
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
-													  values, nulls)));
-}
-
-Datum
-idem_stats_reset(PG_FUNCTION_ARGS)
-{
-	require_counters();
-	for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
-		pg_atomic_write_u64(&counters->value[i], 0);
-	pg_atomic_write_u64(&counters->reset_at, (uint64) GetCurrentTimestamp());
-	PG_RETURN_VOID();
-}
+/* Columns of idem_stats_records() and of idem_inspect() */
+#define STATS_COLS		5
+#define INSPECT_COLS	9
 
 /* ---- idem_stats: the calling role's records, per operation ---- */
 
@@ -155,9 +39,10 @@ typedef struct StatsState
 static void
 emit_group(StatsState *st)
 {
-	Datum		values[5];
-	bool		nulls[5] = {0};
+	Datum		values[STATS_COLS];
+	bool		nulls[STATS_COLS] = {0};
 
+	Assert(st->tupdesc->natts == STATS_COLS);
 	if (st->operation == NULL)
 		return;
 	values[0] = PointerGetDatum(st->operation);
@@ -229,9 +114,10 @@ idem_inspect(PG_FUNCTION_ARGS)
 		TimestampTz now = GetCurrentTimestamp();
 		bool		pending = IdemRecordIsPending(&rec);
 		bool		expired = rec.expires_at <= now;
-		Datum		values[9];
-		bool		nulls[9] = {0};
+		Datum		values[INSPECT_COLS];
+		bool		nulls[INSPECT_COLS] = {0};
 
+		Assert(rsinfo->setDesc->natts == INSPECT_COLS);
 		values[0] = CStringGetTextDatum(pending ? (expired ? "lapsed" : "pending")
 										: (expired ? "expired" : "completed"));
 		values[1] = Int64GetDatum(rec.token);

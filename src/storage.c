@@ -303,7 +303,7 @@ static struct
 {
 	TransactionId xid;
 	Oid			relid;
-	Oid			relfilenumber;	
+	Oid			relfilenumber;
 	Oid			role;
 	int64		token;
 	ItemPointerData tid;

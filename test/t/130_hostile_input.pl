@@ -7,7 +7,7 @@
 # idem_stats_reset -- each against a record state set up just before it.
 #
 # The generator keeps a model of the record table (per role, operation and
-# key) and predicts every call from the contract (SPEC.md, README.md):
+# key) and predicts every call from the contract (README.md):
 # either what it returns, or the SQLSTATEs it may fail with.  One psql
 # session (superuser) runs the whole generated script; calls run as the
 # roles alice, bob (ordinary) and admin (EXECUTE granted on the admin
@@ -1206,8 +1206,8 @@ for my $key ('detail-b64-one', 'fresh-100mb')
 		"SELECT status FROM idem_begin('detail', '$key', convert_to(repeat('f', 100000000), 'UTF8'))");
 	my $took = time - $t0;
 	is($code, '22023', "$key: a 100 MB fingerprint is 22023");
-	like($err, qr/ERROR:  22023: idempotency fingerprint is too long\nDETAIL:  It has 100000000 bytes; at most 1024 are allowed\./,
-		"$key: \"idempotency fingerprint is too long\", with its size");
+	like($err, qr/ERROR:  22023: argument "fingerprint" is too long\nDETAIL:  It has 100000000 bytes; at most 1024 are allowed\./,
+		"$key: \"argument \\\"fingerprint\\\" is too long\", with its size");
 	cmp_ok(length($err), '<', 2000, "$key: the message is short (" . length($err) . ' bytes)');
 	cmp_ok($took, '<', 30, sprintf('%s: and comes quickly (%.1f s)', $key, $took));
 	is(checksum(), $before, "$key: and changes nothing");

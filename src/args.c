@@ -1,0 +1,375 @@
+/*-------------------------------------------------------------------------
+ *
+ * args.c
+ *	  What a call asks for: the arguments of the idem_* functions, checked,
+ *	  and the settings that give their defaults.
+ *
+ * idempotency.in_flight, idempotency.lease and idempotency.ttl are the
+ * defaults of idem_begin's arguments (an explicit argument always wins);
+ * idempotency.max_response_size limits idem_finish's response.
+ *
+ * Every check raises the SQLSTATE the README's table names: 22004 for a
+ * NULL where a value is required, 22023 for an invalid value, 54000 for a
+ * response too large.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "common/hashfn.h"
+#include "common/int.h"
+#include "fmgr.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+
+#include "idempotency.h"
+
+int			idem_in_flight = IDEM_IN_FLIGHT_WAIT;
+int			idem_lease_ms = 30 * 1000;
+int			idem_ttl_s = 24 * 60 * 60;
+int			idem_max_response_size = 64 * 1024;
+
+/* ---- arguments ---- */
+
+/* 22004 when argument argno, called name, is NULL */
+void
+idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("argument \"%s\" must not be null", name)));
+}
+
+/* An operation or a key: 1 to IDEM_MAX_KEY_CHARS characters */
+static text *
+name_arg(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	text	   *value;
+	int			chars;
+
+	idem_require_arg(fcinfo, argno, name);
+
+	value = PG_GETARG_TEXT_PP(argno);
+	chars = pg_mbstrlen_with_len(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
+	if (chars == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("argument \"%s\" must not be empty", name)));
+	if (chars > IDEM_MAX_KEY_CHARS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("argument \"%s\" is too long", name),
+				 errdetail("It has %d characters; at most %d are allowed.",
+						   chars, IDEM_MAX_KEY_CHARS)));
+	return value;
+}
+
+/* The calling role's key for (operation, key) from arguments 0 and 1 */
+void
+idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key)
+{
+	uint64		h;
+
+	key->role = GetUserId();
+	key->operation = name_arg(fcinfo, 0, "operation");
+	key->key = name_arg(fcinfo, 1, "key");
+
+	/* unambiguous: a length always precedes the variable parts */
+	h = hash_bytes_uint32_extended(key->role,
+								   VARSIZE_ANY_EXHDR(key->operation));
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key->operation),
+							VARSIZE_ANY_EXHDR(key->operation), h);
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key->key),
+							VARSIZE_ANY_EXHDR(key->key), h);
+	key->hash = h;
+}
+
+int64
+idem_token_arg(FunctionCallInfo fcinfo, int argno)
+{
+	idem_require_arg(fcinfo, argno, "token");
+	return PG_GETARG_INT64(argno);
+}
+
+/* A fingerprint, NULL or at most IDEM_MAX_FINGERPRINT_BYTES */
+bytea *
+idem_fingerprint_arg(FunctionCallInfo fcinfo, int argno)
+{
+	bytea	   *fingerprint;
+
+	if (PG_ARGISNULL(argno))
+		return NULL;
+	fingerprint = PG_GETARG_BYTEA_PP(argno);
+	if (VARSIZE_ANY_EXHDR(fingerprint) > IDEM_MAX_FINGERPRINT_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("argument \"%s\" is too long", "fingerprint"),
+				 errdetail("It has %zu bytes; at most %d are allowed.",
+						   (Size) VARSIZE_ANY_EXHDR(fingerprint),
+						   IDEM_MAX_FINGERPRINT_BYTES),
+				 errhint("Pass a hash of the request, such as idem_fingerprint(...).")));
+	return fingerprint;
+}
+
+/*
+ * An interval as microseconds, months counted as 30 days as interval
+ * comparison does.  Out-of-range values are an invalid argument, not an
+ * overflow deep inside timestamp arithmetic.
+ */
+int64
+idem_interval_usecs(const Interval *iv, const char *name)
+{
+	int64		usecs;
+	int64		days = (int64) iv->month * DAYS_PER_MONTH + iv->day;
+
+	if (pg_mul_s64_overflow(days, USECS_PER_DAY, &usecs) ||
+		pg_add_s64_overflow(usecs, iv->time, &usecs))
+		usecs = (days > 0 || (days == 0 && iv->time > 0)) ? PG_INT64_MAX : PG_INT64_MIN;
+
+	if (usecs > IDEM_MAX_INTERVAL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("argument \"%s\" is too long", name),
+				 errdetail("At most %d days are allowed.", IDEM_MAX_INTERVAL_DAYS)));
+	return usecs;
+}
+
+IdemInFlightPolicy
+idem_policy_arg(FunctionCallInfo fcinfo, int argno)
+{
+	char	   *name;
+
+	if (PG_ARGISNULL(argno))
+		return (IdemInFlightPolicy) idem_in_flight;
+
+	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	/* case-insensitive, as the setting idempotency.in_flight is */
+	if (pg_strcasecmp(name, "wait") == 0)
+		return IDEM_IN_FLIGHT_WAIT;
+	if (pg_strcasecmp(name, "raise") == 0)
+		return IDEM_IN_FLIGHT_RAISE;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("unknown in_flight policy \"%s\"", name),
+			 errhint("Use 'wait' or 'raise'.")));
+	pg_unreachable();
+}
+
+/* ---- idem_finish's response ---- */
+
+static void
+response_too_large(bool as_text, Size size)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			 errmsg("idempotency response is too large"),
+			 as_text ?
+			 errdetail("Its text form takes %zu bytes; idempotency.max_response_size is %d bytes.",
+					   size, idem_max_response_size) :
+			 errdetail("The response takes %zu bytes; idempotency.max_response_size is %d bytes.",
+					   size, idem_max_response_size),
+			 errhint("Store the response elsewhere and finish with a reference to it.")));
+}
+
+/*
+ * A response, which must always be replayable: both its stored form and its
+ * text form, which is what a replay sends, must fit
+ * idempotency.max_response_size.  The text form can be far larger than the
+ * stored one (a control character takes six characters, a number such as
+ * 1e100000 a hundred thousand digits); the setting's maximum keeps it, even
+ * quoted inside a row, well below PostgreSQL's 1 GB limit for one value.
+ */
+Jsonb *
+idem_response_arg(FunctionCallInfo fcinfo, int argno)
+{
+	Jsonb	   *response;
+	char	   *text;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("argument \"%s\" must not be null", "response"),
+				 errhint("Use idem_abort to release a claim without a result.")));
+	response = PG_GETARG_JSONB_P(argno);
+
+	if (VARSIZE(response) > (Size) idem_max_response_size)
+		response_too_large(false, VARSIZE(response));
+	text = JsonbToCString(NULL, &response->root, VARSIZE(response));
+	if (strlen(text) > (Size) idem_max_response_size)
+		response_too_large(true, strlen(text));
+	pfree(text);
+	return response;
+}
+
+/* ---- settings ---- */
+
+/*
+ * Settings given before the library was loaded (SET in a session that has
+ * not called an idem_* function yet, ALTER ROLE ... SET, postgresql.conf
+ * without preloading) are placeholders that PostgreSQL checks only when the
+ * library defines them, and an invalid one then becomes a WARNING and the
+ * default.  Running with another policy than the one asked for is worse
+ * than failing: such a value is remembered here, and every call fails with
+ * 22023 until the setting is given a valid value.
+ */
+typedef struct CheckedSetting
+{
+	const char *name;
+	char	   *placeholder;	/* its value before the library was loaded */
+	char	   *invalid_value;	/* that value, if invalid; NULL: valid */
+} CheckedSetting;
+
+enum
+{
+	CHECKED_IN_FLIGHT,
+	CHECKED_LEASE,
+	CHECKED_TTL,
+	CHECKED_MAX_RESPONSE_SIZE,
+	NUM_CHECKED_SETTINGS
+};
+
+static CheckedSetting checked[NUM_CHECKED_SETTINGS] = {
+	{"idempotency.in_flight"},
+	{"idempotency.lease"},
+	{"idempotency.ttl"},
+	{"idempotency.max_response_size"},
+};
+
+/* A valid value was assigned: whatever was given before no longer counts */
+static void
+assign_in_flight(int newval, void *extra)
+{
+	checked[CHECKED_IN_FLIGHT].invalid_value = NULL;
+}
+
+static void
+assign_lease(int newval, void *extra)
+{
+	checked[CHECKED_LEASE].invalid_value = NULL;
+}
+
+static void
+assign_ttl(int newval, void *extra)
+{
+	checked[CHECKED_TTL].invalid_value = NULL;
+}
+
+static void
+assign_max_response_size(int newval, void *extra)
+{
+	checked[CHECKED_MAX_RESPONSE_SIZE].invalid_value = NULL;
+}
+
+void
+idem_check_settings(void)
+{
+	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
+		if (checked[i].invalid_value != NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid value for parameter \"%s\": \"%s\"",
+							checked[i].name, checked[i].invalid_value),
+					 errdetail("The value was set before the idempotency library was loaded, so it could not be checked when it was set."),
+					 errhint("Set a valid value, or RESET the parameter.")));
+}
+
+/* Before the settings are defined: remember the placeholders' values */
+static void
+remember_placeholders(void)
+{
+	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
+	{
+		const char *value = GetConfigOption(checked[i].name, true, false);
+
+		if (value != NULL)
+			checked[i].placeholder = MemoryContextStrdup(TopMemoryContext, value);
+	}
+}
+
+/*
+ * After: check each placeholder value once more, silently and without
+ * applying it (PostgreSQL has applied it already, or warned and used the
+ * default).
+ */
+static void
+check_placeholders(void)
+{
+	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
+	{
+		char	   *value = checked[i].placeholder;
+
+		if (value != NULL &&
+			set_config_option(checked[i].name, value, PGC_SUSET, PGC_S_SESSION,
+							  GUC_ACTION_SET, false, DEBUG1, false) == 0)
+			checked[i].invalid_value = value;
+	}
+}
+
+static const struct config_enum_entry in_flight_options[] = {
+	{"wait", IDEM_IN_FLIGHT_WAIT, false},
+	{"raise", IDEM_IN_FLIGHT_RAISE, false},
+	{NULL, 0, false}
+};
+
+
+/*
+ * Define the settings of this part; called from _PG_init.  Placeholders
+ * given before are remembered first and checked after (see above).
+ */
+void
+idem_args_init(void)
+{
+	remember_placeholders();
+
+	DefineCustomEnumVariable("idempotency.in_flight",
+							 "What idem_begin does when another attempt holds the key.",
+							 "wait: block until that attempt finishes, aborts or loses its lease; "
+							 "raise: fail at once with SQLSTATE IK409.",
+							 &idem_in_flight,
+							 IDEM_IN_FLIGHT_WAIT,
+							 in_flight_options,
+							 PGC_USERSET,
+							 0,
+							 NULL, assign_in_flight, NULL);
+
+	DefineCustomIntVariable("idempotency.lease",
+							"Default lease of a claim.",
+							"A pending claim whose lease has lapsed counts as absent: "
+							"the next request takes the key over.",
+							&idem_lease_ms,
+							30 * 1000,
+							1,
+							INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_MS,
+							NULL, assign_lease, NULL);
+
+	DefineCustomIntVariable("idempotency.ttl",
+							"Default retention of a completed record.",
+							"At least one minute.",
+							&idem_ttl_s,
+							24 * 60 * 60,
+							60,
+							INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, assign_ttl, NULL);
+
+	DefineCustomIntVariable("idempotency.max_response_size",
+							"Largest response idem_finish stores.",
+							"Larger responses are refused; store a reference to them instead.",
+							&idem_max_response_size,
+							64 * 1024,
+							1,
+							IDEM_MAX_RESPONSE_SIZE,
+							PGC_SUSET,
+							GUC_UNIT_BYTE,
+							NULL, assign_max_response_size, NULL);
+
+	check_placeholders();
+}

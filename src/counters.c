@@ -1,0 +1,149 @@
+/*-------------------------------------------------------------------------
+ *
+ * counters.c
+ *	  Server-wide counters of what the idem_* functions did, in shared
+ *	  memory: idem_count() adds to them, idem_counters() reads them and
+ *	  idem_stats_reset() starts them over.
+ *
+ * The counters exist only when the library is in shared_preload_libraries
+ * (shared memory can be reserved only at server start).  Without it the
+ * counting calls are no-ops and reading the counters says so.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_counters);
+PG_FUNCTION_INFO_V1(idem_stats_reset);
+
+/* idem_counters(): a column per counter, then stats_reset */
+#define COUNTERS_COLS	(IDEM_NUM_COUNTERS + 1)
+
+
+typedef struct IdemSharedCounters
+{
+	pg_atomic_uint64 value[IDEM_NUM_COUNTERS];
+	pg_atomic_uint64 reset_at;	/* TimestampTz of the last reset */
+} IdemSharedCounters;
+
+static IdemSharedCounters *counters = NULL;
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void
+counters_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemSharedCounters)));
+}
+
+static void
+counters_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	counters = ShmemInitStruct("idempotency counters",
+							   sizeof(IdemSharedCounters), &found);
+	if (!found)
+	{
+		for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
+			pg_atomic_init_u64(&counters->value[i], 0);
+		pg_atomic_init_u64(&counters->reset_at, (uint64) GetCurrentTimestamp());
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * Called from _PG_init: the counters' shared memory can be reserved only
+ * while shared_preload_libraries are being loaded.
+ */
+void
+idem_counters_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = counters_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = counters_shmem_startup;
+}
+
+void
+idem_count(IdemCounter counter, int64 n)
+{
+	if (counters != NULL)
+		pg_atomic_fetch_add_u64(&counters->value[counter], (uint64) n);
+}
+
+static void
+require_counters(void)
+{
+	if (counters == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency counters are not available"),
+				 errdetail("The counters live in shared memory, which only a library in shared_preload_libraries can have."),
+				 errhint("Add idempotency to shared_preload_libraries and restart the server. idem_stats works without it.")));
+}
+
+/*
+ * idem_counters(): one row of cumulative counters since the last
+ * reset, for the whole server.
+ */
+Datum
+idem_counters(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+	Datum		values[COUNTERS_COLS];
+	bool		nulls[COUNTERS_COLS] = {0};
+
+	require_counters();
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "idempotency: return type must be a row type");
+	if (tupdesc->natts != COUNTERS_COLS)
+		elog(ERROR, "idempotency: idem_counters() must return %d columns", COUNTERS_COLS);
+
+	for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
+	{
+		uint64		v = pg_atomic_read_u64(&counters->value[i]);
+
+		if (i == IDEM_COUNT_WAIT_TIME)
+			values[i] = Float8GetDatum((double) v / 1000.0);	/* ms */
+		else
+			values[i] = Int64GetDatum((int64) v);
+	}
+	values[IDEM_NUM_COUNTERS] =
+		TimestampTzGetDatum((TimestampTz) pg_atomic_read_u64(&counters->reset_at));
+
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
+													  values, nulls)));
+}
+
+Datum
+idem_stats_reset(PG_FUNCTION_ARGS)
+{
+	require_counters();
+	for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
+		pg_atomic_write_u64(&counters->value[i], 0);
+	pg_atomic_write_u64(&counters->reset_at, (uint64) GetCurrentTimestamp());
+	PG_RETURN_VOID();
+}
+
