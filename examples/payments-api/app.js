@@ -1,5 +1,6 @@
 // The payments API: POST /charges with an Idempotency-Key header, on top of
-// the idempotency extension, in the "external effect" shape of SPEC §4:
+// the idempotency extension, in the "external call" shape of README, "Two
+// usage shapes":
 //
 //   1. idem_begin(...)           autocommit: the claim is committed before
 //                                the provider is called
@@ -30,9 +31,9 @@ export const OPERATION = 'payment.charge';
 const SERIALIZATION_RETRIES = 3;
 
 // The fingerprint covers the fields that make a charge *this* charge, and
-// nothing else: a retry may legitimately carry another description or
-// trace id (SPEC §1).  Its text form must not depend on session settings:
-// amount is an integer and the others are text, so it does not.
+// nothing else: a retry may legitimately carry another description or trace
+// id (README, "API reference").  Its text form must not depend on session
+// settings: amount is an integer and the others are text, so it does not.
 const BEGIN_SQL = `
 	SELECT c.status, c.token, c.response
 	  FROM idem_begin($1, $2,
@@ -169,9 +170,10 @@ export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease 
 	return app;
 }
 
-// idem_begin, retried on 40001 (SPEC §3: under REPEATABLE READ the snapshot
-// may not see a concurrent result; the retry replays it).  Autocommit
-// statements run in READ COMMITTED unless the database says otherwise.
+// idem_begin, retried on 40001 (README, "Errors and HTTP": under REPEATABLE
+// READ the snapshot may not see a concurrent result; the retry replays it).
+// Autocommit statements run in READ COMMITTED unless the database says
+// otherwise.
 async function begin(claimPool, params) {
 	for (let attempt = 1; ; attempt++) {
 		try {

@@ -8,8 +8,8 @@
 // too, as long as it is one run of visible ASCII characters with no quote,
 // backslash, comma or semicolon (so it cannot be mistaken for a list or for
 // parameters).  Keys are at most 255 characters (the extension's limit,
-// SPEC §1): longer ones are a client error, reported before anything is
-// claimed.
+// README, "Errors and HTTP"): longer ones are a client error, reported
+// before anything is claimed.
 
 export const MAX_KEY_LENGTH = 255;
 

@@ -1,5 +1,6 @@
 // Error responses: RFC 9457 problem details (application/problem+json), and
-// the mapping from the extension's SQLSTATEs to HTTP statuses (SPEC §3).
+// the mapping from the extension's SQLSTATEs to HTTP statuses (README,
+// "Errors and HTTP").
 //
 // The titles of the three Idempotency-Key problems are the ones the IETF
 // draft (draft-ietf-httpapi-idempotency-key-header, section 2.7) uses.  Each
@@ -95,9 +96,9 @@ export function fingerprintsFromDetail(detail) {
 	return { stored: found[0], request: found[1] };
 }
 
-// problemFromDbError(err, phase): SPEC §3's table, for an error raised by a
-// statement of the given phase ('begin', 'finish', 'abort').  Returns a
-// Problem, or null for 40001, which the caller retries.
+// problemFromDbError(err, phase): the table of README, "Errors and HTTP",
+// for an error raised by a statement of the given phase ('begin', 'finish',
+// 'abort').  Returns a Problem, or null for 40001, which the caller retries.
 export function problemFromDbError(err, phase) {
 	switch (err.code) {
 	case 'IK409':

@@ -1,13 +1,14 @@
 // A simulated payment provider: the external call the Idempotency-Key
-// protects.  It takes `delayMs` to answer (300 ms in the reference scenario
-// of SPEC §1) and then records the charge in the `charges` table, through
-// its own connection pool and outside any transaction of the API: to the
-// API it is as external as a real provider's HTTP endpoint.
+// protects.  It takes `delayMs` to answer (300 ms in the scenarios of
+// README, "Quick start") and then records the charge in the `charges` table,
+// through its own connection pool and outside any transaction of the API: to
+// the API it is as external as a real provider's HTTP endpoint.
 //
-// The API passes the Idempotency-Key on (SPEC §1: "pass the key
-// downstream").  A real provider deduplicates on it; this one deliberately
-// does not (charges.provider_key is not unique), so a double charge made by
-// the API shows up as two rows and the test can count them.
+// The API passes the Idempotency-Key on (README, "Using it from your
+// application": "call the provider, passing the key on").  A real provider
+// deduplicates on it; this one deliberately does not (charges.provider_key
+// is not unique), so a double charge made by the API shows up as two rows
+// and the test can count them.
 //
 // flakyCustomers: for these customers the first call with a given key
 // fails after the delay without charging (a provider timeout), so the test

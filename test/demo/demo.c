@@ -1,8 +1,9 @@
 /*-------------------------------------------------------------------------
  *
  * demo.c
- *	  Replays the scenarios of SPEC section 1 against a real server with real
- *	  concurrent clients, and prints what happened next to what must happen.
+ *	  Replays the scenarios of README, "Quick start", against a real server
+ *	  with real concurrent clients, and prints what happened next to what
+ *	  must happen.
  *
  * Every client request is a forked process with its own connections, so a
  * client can really die (SIGKILL) in the middle of a request.  The payment
@@ -52,9 +53,10 @@
 
 /*
  * The database side of the stage.  The provider ignores the idempotency key
- * it is given: a real provider should deduplicate on it too (SPEC section 1,
- * "pass the key downstream"); this one does not, so that the layer under
- * test is all that stands between a retry and a second charge.  Charge ids
+ * it is given: a real provider should deduplicate on it too (README, "Using
+ * it from your application": "call the provider, passing the key on"); this
+ * one does not, so that the layer under test is all that stands between a
+ * retry and a second charge.  Charge ids
  * are gapless (a counter row, rolled back with a failed transaction), so the
  * first charge of every scenario is ch_1.
  */
@@ -92,8 +94,8 @@ static const char *const reset_sql =
 typedef enum Shape
 {
 	RESULT_CACHE,				/* look up, else charge and store (no claim) */
-	EXTERNAL_CALL,				/* SPEC section 4, external effect */
-	IN_TRANSACTION				/* SPEC section 4, effect in the same database */
+	EXTERNAL_CALL,				/* README, "Two usage shapes": external call */
+	IN_TRANSACTION				/* README, "Two usage shapes": in-transaction */
 } Shape;
 
 /* What goes wrong during a request (the stage's doing, not the client's) */
@@ -154,7 +156,8 @@ static void die_if(const Request *req, Fault where, Response *resp);
 /* ---- handling a request ---- */
 
 /*
- * SQLSTATE -> HTTP status, as in SPEC section 3.  Anything else is a 500.
+ * SQLSTATE -> HTTP status, as in README, "Errors and HTTP".  Anything else
+ * is a 500.
  */
 static const struct
 {
@@ -251,10 +254,11 @@ static const char *const abort_sql =
 "SELECT idem_abort('payment.charge', $1, $2::bigint)";
 
 /*
- * External effect (SPEC section 4): the claim is committed first, so that a
- * duplicate sees it while the provider works; the provider is called outside
- * any transaction; the response is stored with idem_finish, or the claim is
- * released with idem_abort when the charge failed.
+ * External effect (README, "Two usage shapes"): the claim is committed
+ * first, so that a duplicate sees it while the provider works; the provider
+ * is called outside any transaction; the response is stored with
+ * idem_finish, or the claim is released with idem_abort when the charge
+ * failed.
  */
 static void
 charge_external(Client *c, const Request *req, Response *resp)
@@ -309,9 +313,10 @@ charge_external(Client *c, const Request *req, Response *resp)
 }
 
 /*
- * Effect in the same database (SPEC section 4): claim, charge and response
- * commit or roll back together.  A client that dies before COMMIT leaves
- * nothing behind, and a duplicate waiting for it gets the key at once.
+ * Effect in the same database (README, "Two usage shapes"): claim, charge
+ * and response commit or roll back together.  A client that dies before
+ * COMMIT leaves nothing behind, and a duplicate waiting for it gets the key
+ * at once.
  */
 static void
 charge_in_transaction(Client *c, const Request *req, Response *resp)
@@ -1072,7 +1077,7 @@ main(void)
 	run_sql(setup_sql);
 	res = query("SELECT split_part(current_setting('server_version'), ' ', 1), extversion"
 				"  FROM pg_extension WHERE extname = 'idempotency'", 0, NULL);
-	printf("idempotency %s on PostgreSQL %s: the scenarios of SPEC section 1, replayed\n",
+	printf("idempotency %s on PostgreSQL %s: the scenarios of README, \"Quick start\", replayed\n",
 		   PQgetvalue(res, 0, 1), PQgetvalue(res, 0, 0));
 	PQclear(res);
 	printf("A is a client's POST /charges, B its retry with the same Idempotency-Key,\n"

@@ -33,21 +33,6 @@ $node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 
 my $fp = q{idem_fingerprint('mail-1')};
 
-sub records
-{
-	my ($key) = @_;
-	return $node->safe_psql('postgres', qq{
-		SELECT token, CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, response
-		  FROM idem_record WHERE key = '$key' ORDER BY token});
-}
-
-sub idem_locks
-{
-	return $node->safe_psql('postgres', q{
-		SELECT count(*) FROM pg_locks
-		 WHERE locktype = 'advisory' AND objsubid IN (18763, 18764)});    # 0x494B, 0x494C
-}
-
 # ========== 1. the worker commits its claim, then dies ==========
 
 my $worker = $node->background_psql('postgres', on_error_stop => 0);
@@ -65,7 +50,7 @@ ok($node->poll_query_until('postgres',
 		"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $worker_pid"),
 	'worker backend is gone');
 $worker->quit;
-is(records('k1'), "$worker_token|pending|",
+is(key_records($node, 'k1'), "$worker_token|pending|",
 	'its committed claim outlives it: k1 is pending with the worker\'s token');
 
 # raise: in progress, at once
@@ -104,7 +89,7 @@ cmp_ok($returned, '>=', $lease_end,
 cmp_ok($returned - $lease_end, '<', 2,
 	'and soon after it (woken by its timeout, not by a later poll)');
 cmp_ok($retry_token, '>', $worker_token, 'the takeover token is greater than the worker\'s');
-is(records('k1'), "$retry_token|pending|", 'k1 is pending with the retry\'s token');
+is(key_records($node, 'k1'), "$retry_token|pending|", 'k1 is pending with the retry\'s token');
 
 # ========== 2. fencing: the dead worker's late calls ==========
 
@@ -115,7 +100,7 @@ is($state, 'IK412', 'the dead worker\'s late idem_finish with its old token: IK4
 ($out, $state) = run_sql($late,
 	qq{SELECT idem_abort('mail', 'k1', $worker_token);});
 is($out, 'f', 'the dead worker\'s late idem_abort with its old token: false');
-is(records('k1'), "$retry_token|pending|", 'k1 is untouched by the late calls');
+is(key_records($node, 'k1'), "$retry_token|pending|", 'k1 is untouched by the late calls');
 
 ($out, $state) = run_sql($retry,
 	qq{SELECT idem_finish('mail', 'k1', $retry_token, '{"sent": "by the retry"}');});
@@ -126,7 +111,7 @@ is($out, 'replay|{"sent": "by the retry"}', 'k1 replays the new owner\'s respons
 ($out, $state) = run_sql($late,
 	qq{SELECT idem_finish('mail', 'k1', $worker_token, '{"sent": "by the dead worker"}');});
 is($state, 'IK412', 'the old token still cannot finish the completed k1');
-is(records('k1'), qq{$retry_token|completed|{"sent": "by the retry"}},
+is(key_records($node, 'k1'), qq{$retry_token|completed|{"sent": "by the retry"}},
 	'k1 holds the new owner\'s result');
 
 # ========== 3. a lapsed claim nobody took over can still be finished ==========
@@ -144,7 +129,7 @@ is($state, '00000', 'the slow worker still finishes k2: nobody took it over');
 ($out) = run_sql($late, qq{SELECT status || '|' || response FROM idem_begin('mail', 'k2', $fp) b;});
 is($out, 'replay|{"sent": "late but alone"}', 'k2 replays it');
 
-is(idem_locks(), '0', 'no idempotency lock is left');
+is(idem_lock_count($node), '0', 'no idempotency lock is left');
 $retry->quit;
 $late->quit;
 $node->stop;

@@ -14,6 +14,16 @@
 #                        psql exits or after timeout_default
 #   run_sql($s, $sql)    send_sql then wait_sql
 #
+# and, for a PostgreSQL::Test::Cluster $node (database postgres):
+#
+#   key_records($node, $key)
+#                        the records of $key, one line per record in token
+#                        order: "token|pending|" or "token|completed|response"
+#   idem_lock_count($node)
+#                        how many idempotency advisory locks (classes 0x494B
+#                        and 0x494C) pg_locks shows: 0 once every claim and
+#                        wait has ended
+#
 # Each statement is followed by "\echo __done__ :SQLSTATE" and
 # "\warn __done__", so its end, its SQLSTATE (00000 on success) and all of
 # its stderr are known without ON_ERROR_STOP.
@@ -35,7 +45,7 @@ use Exporter 'import';
 use IPC::Run;
 use PostgreSQL::Test::Utils ();
 
-our @EXPORT = qw(send_sql sql_done wait_sql run_sql
+our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count
   setup_load start_load stop_load load_progressed check_load check_amcheck);
 
 # Start $sql in session $s without waiting for it to finish.
@@ -82,6 +92,27 @@ sub run_sql
 	my ($s, $sql) = @_;
 	send_sql($s, $sql);
 	return wait_sql($s);
+}
+
+# ---- the record table and the locks ----
+
+# The records of $key: "token|pending/completed|response", one line per
+# record, in token order.
+sub key_records
+{
+	my ($node, $key) = @_;
+	return $node->safe_psql('postgres', qq{
+		SELECT token, CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, response
+		  FROM idem_record WHERE key = '$key' ORDER BY token});
+}
+
+# The number of idempotency advisory locks held or awaited.
+sub idem_lock_count
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres', q{
+		SELECT count(*) FROM pg_locks
+		 WHERE locktype = 'advisory' AND objsubid IN (18763, 18764)});    # 0x494B, 0x494C
 }
 
 # ---- concurrent in-transaction load (the 3xx tests) ----
