@@ -5,7 +5,11 @@ EXTENSION = idempotency
 MODULE_big = idempotency
 # $(srcdir) keeps out-of-tree (VPATH) builds, as pg_buildext does them, working
 OBJS = $(patsubst $(srcdir)/%.c,%.o,$(wildcard $(srcdir)/src/*.c))
-DATA = $(wildcard sql/idempotency--*.sql)
+# the install script of 1.0 and the update scripts, beside the control file
+DATA = idempotency--1.0.sql \
+	idempotency--1.0--1.1.sql \
+	idempotency--1.1--1.2.sql \
+	idempotency--1.2--1.3.sql
 PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
 
 # No -Werror here: a newer compiler's new warning must not break a user's
@@ -13,18 +17,24 @@ PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
 PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter \
 	-Wno-sign-compare -Wno-missing-field-initializers
 
-# pg_regress: sql/*.sql against expected/*.out (the install script is not a test)
-REGRESS = $(filter-out idempotency--%,$(basename $(notdir $(wildcard sql/*.sql))))
+# pg_regress: sql/*.sql against expected/*.out, in this order (00_setup
+# creates the extension and the roles, 99_cleanup drops the roles)
+REGRESS = 00_setup 10_claim 20_arguments 30_settings 40_fingerprint \
+	50_lease 60_admin 70_roles 80_batch 90_upgrade 99_cleanup
 
-# isolation tester: test/specs/*.spec against test/expected/*.out
-ISOLATION = $(basename $(notdir $(wildcard test/specs/*.spec)))
-ISOLATION_OPTS = --inputdir=test
+# isolation tester: test/isolation/specs/*.spec against
+# test/isolation/expected/*.out, in this order (00-helpers creates the
+# helper functions the others use)
+ISOLATION = 00-helpers dup-committed dup-uncommitted fingerprint-mismatch \
+	lease-renew lease-takeover relcache-inval repeatable-read \
+	role-namespace same-transaction sleep-vs-vacuum-full wait-cancel
+ISOLATION_OPTS = --inputdir=test/isolation
 
 # TAP: test/t/*.pl
 TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
 
-EXTRA_CLEAN = test/results test/output_iso output_iso
+EXTRA_CLEAN = output_iso
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

@@ -1,7 +1,7 @@
 
 # Copyright (c) 2024, idempotency authors
 #
-# The extension scripts (sql/idempotency--*.sql) follow PostgreSQL's rules
+# The extension scripts (idempotency--*.sql, beside the control file) follow PostgreSQL's rules
 # for extension scripts (the "Security Considerations for Extensions" part
 # of the documentation, and CVE-2023-39417):
 #
@@ -38,7 +38,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $srcdir = $ENV{TESTDIR} // '.';
-my @scripts = sort glob("$srcdir/sql/idempotency--*.sql");
+my @scripts = sort glob("$srcdir/idempotency--*.sql");
 ok(scalar(@scripts) >= 1, 'found the extension scripts: '
 	  . join(' ', map { (my $b = $_) =~ s{.*/}{}; $b } @scripts));
 

@@ -325,8 +325,8 @@ is($meta->{version}, $semver,
 	"META.json version is default_version $default_version of idempotency.control");
 is($meta->{provides}{idempotency}{version}, $semver,
 	'provides.idempotency.version is the same');
-ok(-f "$root/sql/idempotency--$default_version.sql"
-	  || grep({ /--\Q$default_version\E\.sql$/ } glob("$root/sql/idempotency--*.sql")),
+ok(-f "$root/idempotency--$default_version.sql"
+	  || grep({ /--\Q$default_version\E\.sql$/ } glob("$root/idempotency--*.sql")),
 	"an install or upgrade script reaches $default_version");
 
 # debian/changelog: "idempotency (UPSTREAM-REVISION) ..." on its first line
