@@ -5,12 +5,16 @@ EXTENSION = idempotency
 MODULE_big = idempotency
 # $(srcdir) keeps out-of-tree (VPATH) builds, as pg_buildext does them, working
 OBJS = $(patsubst $(srcdir)/%.c,%.o,$(wildcard $(srcdir)/src/*.c))
-# the install script of 1.0 and the update scripts, beside the control file
+# install scripts of 1.0 and 1.3 and the update scripts, beside the control file
 DATA = idempotency--1.0.sql \
 	idempotency--1.0--1.1.sql \
 	idempotency--1.1--1.2.sql \
-	idempotency--1.2--1.3.sql
+	idempotency--1.2--1.3.sql \
+	idempotency--1.3.sql
 PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
+
+# every file includes the shared header (PGXS tracks no header dependencies)
+$(OBJS): $(srcdir)/src/idempotency.h $(srcdir)/src/pg_compat.h
 
 # No -Werror here: a newer compiler's new warning must not break a user's
 # build.  test/run builds with COPT=-Werror, so CI treats warnings as errors.
@@ -20,7 +24,7 @@ PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter \
 # pg_regress: sql/*.sql against expected/*.out, in this order (00_setup
 # creates the extension and the roles, 99_cleanup drops the roles)
 REGRESS = 00_setup 10_claim 20_arguments 30_settings 40_fingerprint \
-	50_lease 60_admin 70_roles 80_batch 90_upgrade 99_cleanup
+	50_lease 60_admin 70_roles 80_batch 85_durability 90_upgrade 99_cleanup
 
 # isolation tester: test/isolation/specs/*.spec against
 # test/isolation/expected/*.out, in this order (00-helpers creates the

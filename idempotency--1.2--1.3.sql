@@ -36,3 +36,58 @@ ALTER FUNCTION @extschema@.idem_inspect(pg_catalog.text, pg_catalog.text) CALLED
  */
 GRANT SELECT ON @extschema@.idem_record TO pg_database_owner;
 GRANT SELECT ON SEQUENCE @extschema@.idem_token_epoch TO pg_database_owner;
+
+/*
+ * Durability modes.  idem_result holds completed records in mode
+ * 'completed': logged, while idem_record, which holds the claims, stays
+ * unlogged; a finish moves its record there in the finishing transaction
+ * (src/admin.c describes the modes).  It has idem_record's shape; the C
+ * code reads both by column number.
+ */
+CREATE UNLOGGED TABLE @extschema@.idem_result (
+	role_id			pg_catalog.regrole NOT NULL,
+	operation		pg_catalog.text COLLATE "C" NOT NULL,
+	key				pg_catalog.text COLLATE "C" NOT NULL,
+	token			pg_catalog.int8 NOT NULL,
+	fingerprint		pg_catalog.bytea,
+	ttl				pg_catalog.interval NOT NULL,
+	created_at		pg_catalog.timestamptz NOT NULL,
+	completed_at	pg_catalog.timestamptz,
+	expires_at		pg_catalog.timestamptz NOT NULL,
+	response		pg_catalog.jsonb,
+	CONSTRAINT idem_result_pkey PRIMARY KEY (role_id, operation, key)
+);
+REVOKE ALL ON @extschema@.idem_result FROM PUBLIC;
+GRANT SELECT ON @extschema@.idem_result TO pg_database_owner;
+SELECT pg_catalog.pg_extension_config_dump('idem_result',
+	'WHERE role_id::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_roles)');
+
+COMMENT ON TABLE @extschema@.idem_result IS
+	'Completed idempotency records in durability mode ''completed''. Read and written only through the idem_* functions.';
+
+CREATE FUNCTION @extschema@.idem_set_durability(mode pg_catalog.text)
+RETURNS pg_catalog.void
+AS 'MODULE_PATHNAME', 'idem_set_durability'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION @extschema@.idem_durability()
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_durability'
+LANGUAGE C STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+REVOKE ALL ON FUNCTION
+	@extschema@.idem_set_durability(pg_catalog.text),
+	@extschema@.idem_durability()
+FROM PUBLIC;
+
+/*
+ * An installation keeps its behaviour: an unlogged record table is mode
+ * 'none' (both tables unlogged, as created above), a logged one mode 'all'.
+ * README, "Upgrading", says how to move to 'completed'.
+ */
+SELECT @extschema@.idem_set_durability('all')
+  FROM pg_catalog.pg_class
+ WHERE oid OPERATOR(pg_catalog.=) 'idem_record'::pg_catalog.regclass
+   AND relpersistence OPERATOR(pg_catalog.=) 'p';

@@ -36,16 +36,23 @@ SELECT p.oid::regprocedure AS function,
    AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
  ORDER BY p.proname;
 
--- The record table and the token count are unlogged, the token epochs
--- logged, and PUBLIC has no rights on any of them.
+-- A new installation is in durability mode 'completed': the claims'
+-- table and the token count are unlogged, the completed records' table and
+-- the token epochs logged, and PUBLIC has no rights on any of them.
+SELECT idem_durability();
 SELECT c.relname, c.relkind, c.relpersistence,
        ARRAY(SELECT a.privilege_type FROM aclexplode(c.relacl) a
               WHERE a.grantee = 0) AS public_privileges
   FROM pg_class c
  WHERE c.relnamespace = 'public'::regnamespace
-   AND c.relname IN ('idem_record', 'idem_record_pkey', 'idem_token_seq',
-                     'idem_token_epoch')
+   AND c.relname IN ('idem_record', 'idem_record_pkey', 'idem_result',
+                     'idem_result_pkey', 'idem_token_seq', 'idem_token_epoch')
  ORDER BY c.relname;
+
+-- The files up to 80_batch look at and change idem_record directly, so
+-- they run in mode 'none', where every record stays there; 85_durability
+-- tests the other modes.
+SELECT idem_set_durability('none');
 
 -- The result type of idem_begin.
 SELECT attname, atttypid::regtype

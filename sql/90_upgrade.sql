@@ -76,6 +76,10 @@ SELECT state FROM idem_inspect('upgrade', 'u3');
 -- properties, as a fresh install -- nothing missing, nothing extra.
 ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+-- An updated installation keeps its durability mode: its record table was
+-- unlogged, so it is in mode 'none' (a new one starts in 'completed'; the
+-- fresh install above was switched to 'none' by 00_setup).
+SELECT idem_durability();
 SELECT o AS missing_after_upgrade FROM fresh_objects
 EXCEPT SELECT o FROM ext_objects() o;
 SELECT o AS extra_after_upgrade FROM ext_objects() o
@@ -109,6 +113,7 @@ SELECT token AS r2_token FROM idem_begin('upgrade', 'r2', NULL) \gset
 DROP ROLE regress_idem_upgrade_gone;
 SELECT count(*) AS records_before FROM idem_record WHERE operation = 'upgrade';
 ALTER EXTENSION idempotency UPDATE TO '1.3';
+SELECT idem_durability();
 SELECT format_type(atttypid, atttypmod) AS role_id_type
   FROM pg_attribute WHERE attrelid = 'idem_record'::regclass AND attname = 'role_id';
 SELECT CASE WHEN role_id = current_user::regrole THEN 'me'
@@ -127,3 +132,13 @@ SELECT pg_catalog.array_to_string(extcondition, ' | ') AS dump_conditions
   FROM pg_extension WHERE extname = 'idempotency';
 DELETE FROM idem_record WHERE operation = 'upgrade';
 DROP ROLE regress_idem_upgrade_kept;
+
+-- A 1.2 installation whose record table was made logged is in mode 'all'
+-- after the update.
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency VERSION '1.2';
+SELECT idem_set_logged(true);
+ALTER EXTENSION idempotency UPDATE TO '1.3';
+SELECT idem_durability();
+SELECT relname, relpersistence FROM pg_class
+ WHERE relname IN ('idem_record', 'idem_result') ORDER BY relname;

@@ -186,7 +186,8 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 		IdemRecord	claim;
 		TimestampTz now;
 		bool		found;
-		Oid			relid;
+		Oid			relids[IDEM_NUM_TABLES];
+		int			nrelids;
 
 		/* reset before looking, so that a wake-up after the look counts */
 		ResetLatch(MyLatch);
@@ -242,9 +243,12 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 			 * transaction locked the table before this call, the lock
 			 * stays; the sleep then ends when someone queues behind it.)
 			 */
-			relid = RelationGetRelid(store->heap);
+			for (int t = 0; t < store->ntables; t++)
+				relids[t] = RelationGetRelid(store->heap[t]);
+			nrelids = store->ntables;
 			idem_store_close(store, true);
-			idem_wait_for_wakeup(key, rec->expires_at, lock_deadline, relid);
+			idem_wait_for_wakeup(key, rec->expires_at, lock_deadline,
+								 relids, nrelids);
 			idem_store_open(store, store->fn_oid, store->lockmode);
 			continue;
 		}
@@ -271,6 +275,7 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 			idem_store_insert(store, key, &claim);
 		else
 		{
+			claim.table = rec->table;
 			claim.tid = rec->tid;
 			claim.mine = rec->mine;
 			if (idem_store_update(store, key, &claim) != TM_Ok)

@@ -9,11 +9,12 @@
  *	                 that give their defaults
  *	  claim.c        the claim logic: idem_begin / idem_finish / idem_abort /
  *	                 idem_renew
- *	  storage.c      direct access to the record table, its index and the
- *	                 token sequence
+ *	  storage.c      the record tables: look-ups, and writes through the
+ *	                 executor
+ *	  tokens.c       fencing tokens: epochs and counts
  *	  locks.c        the per-key lock, waiting for a claim and waking waiters
  *	  fingerprint.c  idem_fingerprint()
- *	  admin.c        idem_purge() and idem_set_logged()
+ *	  admin.c        idem_purge() and the durability modes
  *	  stats.c        idem_inspect, idem_stats: the records as a DBA sees them
  *	  counters.c     server-wide counters in shared memory
  *	  purge_worker.c the background worker that purges expired records, and
@@ -85,12 +86,23 @@ extern Jsonb *idem_response_arg(FunctionCallInfo fcinfo, int argno);
 
 /* ---- storage (storage.c) ---- */
 
-/* The record table and its primary key index, open for one call */
+/*
+ * The store's tables: idem_record holds claims, and completed records
+ * except in durability mode 'completed', where those go to idem_result
+ * (from version 1.3; logged, while idem_record is unlogged).
+ */
+#define IDEM_RECORDS		0
+#define IDEM_RESULTS		1
+#define IDEM_NUM_TABLES		2
+
+/* The tables and their primary key indexes, open for one call */
 typedef struct IdemStore
 {
-	Relation	heap;
-	Relation	index;			/* the table's primary key */
-	LOCKMODE	lockmode;		/* of both */
+	Relation	heap[IDEM_NUM_TABLES];
+	Relation	index[IDEM_NUM_TABLES];	/* each table's primary key */
+	int			ntables;		/* 1 before version 1.3 */
+	bool		split;			/* mode 'completed': results to idem_result */
+	LOCKMODE	lockmode;		/* of all of them */
 	Oid			fn_oid;			/* the SQL function that opened them */
 	Oid			extension;		/* the extension that owns them */
 	Oid			token_seq;		/* idem_token_seq: the count */
@@ -109,6 +121,7 @@ typedef struct IdemRecord
 	Jsonb	   *response;		/* NULL while pending */
 
 	/* filled in by idem_store_fetch */
+	int			table;			/* IDEM_RECORDS or IDEM_RESULTS */
 	ItemPointerData tid;
 	TransactionId busy_xid;		/* another transaction inserting/changing it */
 	bool		uncommitted;	/* ... and it is inserting this version */
@@ -134,6 +147,7 @@ typedef void (*IdemRecordCallback) (void *arg, text *operation, bool pending,
 extern void idem_store_scan_role(IdemStore *store, Oid role,
 								 IdemRecordCallback fn, void *arg);
 extern Oid	idem_store_relid(Oid fn_oid);
+extern Oid	idem_store_result_relid(Oid fn_oid);
 extern Oid	idem_store_member(IdemStore *store, const char *name);
 extern void idem_store_init(void);
 
@@ -177,7 +191,8 @@ extern void idem_lock_key(const IdemKey *key);
 extern void idem_unlock_key(const IdemKey *key);
 extern void idem_wait_for_xact(TransactionId xid);
 extern void idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
-								 TimestampTz lock_deadline, Oid relid);
+								 TimestampTz lock_deadline,
+								 const Oid *relids, int nrelids);
 extern void idem_wake_waiters(const IdemKey *key);
 
 #endif							/* IDEMPOTENCY_H */

@@ -136,7 +136,7 @@ relation_lock_has_waiters(const LOCKTAG *tag, LOCKMASK held)
  *
  * lock_deadline (0: none) is when lock_timeout expires for this call.
  *
- * The caller gives back its own lock on the record table (relid) first.
+ * The caller gives back its own locks on the store's tables (relids) first.
  * If the transaction still holds one from before, a maintenance command
  * (VACUUM FULL, CLUSTER, idem_set_logged) that queues behind it would also
  * hold up the idem_finish we wait for, in a cycle the deadlock detector
@@ -146,11 +146,12 @@ relation_lock_has_waiters(const LOCKTAG *tag, LOCKMASK held)
  */
 void
 idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
-					 TimestampTz lock_deadline, Oid relid)
+					 TimestampTz lock_deadline, const Oid *relids, int nrelids)
 {
 	LOCKTAG		tag;
-	LOCKTAG		reltag;
-	LOCKMASK	held;
+	LOCKTAG		reltag[IDEM_NUM_TABLES];
+	LOCKMASK	held[IDEM_NUM_TABLES];
+	bool		any_held = false;
 	TimestampTz now = GetCurrentTimestamp();
 
 	if (lock_deadline != 0 && lock_deadline <= now)
@@ -161,7 +162,12 @@ idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
 	if (lock_deadline != 0 && lock_deadline < until)
 		until = lock_deadline;
 
-	held = relation_locks_held(relid, &reltag);
+	Assert(nrelids <= IDEM_NUM_TABLES);
+	for (int i = 0; i < nrelids; i++)
+	{
+		held[i] = relation_locks_held(relids[i], &reltag[i]);
+		any_held |= (held[i] != 0);
+	}
 
 	key_locktag(&tag, key, IDEM_LOCK_CLASS_WAITER);
 	(void) LockAcquire(&tag, AccessShareLock, false, false);
@@ -175,7 +181,7 @@ idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
 
 		if (timeout_ms < 1)
 			timeout_ms = 1;
-		if (held != 0 && timeout_ms > DeadlockTimeout)
+		if (any_held && timeout_ms > DeadlockTimeout)
 			timeout_ms = DeadlockTimeout;
 
 		rc = WaitLatch(MyLatch,
@@ -183,10 +189,12 @@ idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
 					   timeout_ms,
 					   PG_WAIT_EXTENSION);
 		now = GetCurrentTimestamp();
-		if ((rc & WL_LATCH_SET) || now >= until || held == 0)
+		if ((rc & WL_LATCH_SET) || now >= until || !any_held)
 			break;
-		if (relation_lock_has_waiters(&reltag, held))
+		for (int i = 0; i < nrelids; i++)
 		{
+			if (held[i] == 0 || !relation_lock_has_waiters(&reltag[i], held[i]))
+				continue;
 			LockRelease(&tag, AccessShareLock, false);
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_DEADLOCK_DETECTED),

@@ -1,8 +1,13 @@
 /*-------------------------------------------------------------------------
  *
  * storage.c
- *	  Access to the record table: looking records up, and writing them
+ *	  Access to the record tables: looking records up, and writing them
  *	  through the executor.
+ *
+ * Claims are in idem_record.  A completed record is there too, except in
+ * durability mode 'completed' (admin.c), where a finish moves it to
+ * idem_result.  A look-up searches both, whatever the mode; a write puts a
+ * version where the mode keeps it.
  *
  * Reads go straight to the primary key index with a dirty snapshot, which
  * SQL cannot do: it shows the newest version of a record even while another
@@ -78,6 +83,7 @@
  */
 static Oid	extension_oid = InvalidOid;
 static Oid	record_relid = InvalidOid;
+static Oid	result_relid = InvalidOid;	/* InvalidOid before version 1.3 */
 static Oid	token_seqid = InvalidOid;
 static Oid	epoch_seqid = InvalidOid;	/* InvalidOid before version 1.2 */
 
@@ -85,8 +91,9 @@ static void
 forget_relids(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == record_relid ||
-		relid == token_seqid || relid == epoch_seqid)
-		extension_oid = record_relid = token_seqid = epoch_seqid = InvalidOid;
+		relid == result_relid || relid == token_seqid || relid == epoch_seqid)
+		extension_oid = record_relid = result_relid = token_seqid =
+			epoch_seqid = InvalidOid;
 }
 
 void
@@ -140,6 +147,7 @@ lookup_relids(Oid fn_oid)
 			 get_namespace_name(nsp));
 
 	epoch_seqid = member_relid(extoid, nsp, "idem_token_epoch");
+	result_relid = member_relid(extoid, nsp, "idem_result");
 	token_seqid = seqid;
 	record_relid = relid;
 	extension_oid = extoid;
@@ -153,15 +161,57 @@ idem_store_relid(Oid fn_oid)
 	return record_relid;
 }
 
+/* idem_result, or InvalidOid before version 1.3 */
+Oid
+idem_store_result_relid(Oid fn_oid)
+{
+	if (!OidIsValid(record_relid))
+		lookup_relids(fn_oid);
+	return result_relid;
+}
+
+/* Open one table of the store and its primary key */
+static void
+open_table(IdemStore *store, int table, Oid relid)
+{
+	Relation	heap = table_open(relid, store->lockmode);
+	Oid			pkey;
+
+	/* an unlogged table has no data on a standby: say so, not "no file" */
+	if (heap->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
+		RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idempotency records cannot be read during recovery"),
+				 errdetail("Table \"%s\" is unlogged: it is not replicated to standbys.",
+						   RelationGetRelationName(heap)),
+				 errhint("Read them on the primary, or make the tables logged there with idem_set_durability('all').")));
+
+	pkey = idem_primary_key_index(heap);
+	if (!OidIsValid(pkey))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s\" has no primary key",
+						RelationGetRelationName(heap)),
+				 errhint("Restore its primary key on (role_id, operation, key).")));
+	store->heap[table] = heap;
+	store->index[table] = index_open(pkey, store->lockmode);
+}
+
 /*
- * Open the table and its primary key: RowExclusiveLock to write,
+ * Open the tables and their primary keys: RowExclusiveLock to write,
  * AccessShareLock to only read (which also works on a standby).
+ *
+ * idem_result (from version 1.3) is opened and searched in every mode: the
+ * durability mode decides only where a write puts a completed record, and
+ * a record put there stays findable whatever a DBA does to the tables'
+ * persistence by hand.
  */
 void
 idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 {
 	Oid			relid;
-	Oid			pkey;
+	Oid			resultid;
 
 	if (!OidIsValid(record_relid))
 		lookup_relids(fn_oid);
@@ -171,45 +221,41 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	 * OIDs (an ANALYZE of the table does): use copies.
 	 */
 	relid = record_relid;
+	resultid = result_relid;
 	store->extension = extension_oid;
 	store->token_seq = token_seqid;
 	store->epoch_seq = epoch_seqid;
 	store->lockmode = lockmode;
 	store->fn_oid = fn_oid;
 
-	store->heap = table_open(relid, lockmode);
-
-	/* an unlogged table has no data on a standby: say so, not "no file" */
-	if (store->heap->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
-		RecoveryInProgress())
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("idempotency records cannot be read during recovery"),
-				 errdetail("The record table is unlogged: it is not replicated to standbys."),
-				 errhint("Read them on the primary, or make the table logged there with idem_set_logged(true).")));
-
-	pkey = idem_primary_key_index(store->heap);
-	if (!OidIsValid(pkey))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("table \"%s\" has no primary key",
-						RelationGetRelationName(store->heap)),
-				 errhint("Restore its primary key on (role_id, operation, key).")));
-	store->index = index_open(pkey, lockmode);
+	open_table(store, IDEM_RECORDS, relid);
+	store->ntables = 1;
+	store->split = false;
+	if (OidIsValid(resultid))
+	{
+		open_table(store, IDEM_RESULTS, resultid);
+		store->ntables = 2;
+		store->split =
+			store->heap[IDEM_RECORDS]->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
+			store->heap[IDEM_RESULTS]->rd_rel->relpersistence == RELPERSISTENCE_PERMANENT;
+	}
 }
 
 /*
- * Close the table and its index.  release: give the locks back now rather
- * than at the end of the transaction (a lock the transaction held before
- * the open stays held).
+ * Close the tables and their indexes.  release: give the locks back now
+ * rather than at the end of the transaction (a lock the transaction held
+ * before the open stays held).
  */
 void
 idem_store_close(IdemStore *store, bool release)
 {
 	LOCKMODE	mode = release ? store->lockmode : NoLock;
 
-	index_close(store->index, mode);
-	table_close(store->heap, mode);
+	for (int t = store->ntables - 1; t >= 0; t--)
+	{
+		index_close(store->index[t], mode);
+		table_close(store->heap[t], mode);
+	}
 }
 
 /*
@@ -217,20 +263,21 @@ idem_store_close(IdemStore *store, bool release)
  * working on it (see idem_store_fetch).
  */
 static void
-record_from_slot(IdemStore *store, TupleTableSlot *slot, Snapshot dirty,
-				 IdemRecord *rec)
+record_from_slot(IdemStore *store, int table, TupleTableSlot *slot,
+				 Snapshot dirty, IdemRecord *rec)
 {
 	HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
 	TransactionId xmin = HeapTupleHeaderGetXmin(tuple->t_data);
 	bool		isnull;
 	Datum		d;
 
+	rec->table = table;
 	rec->tid = slot->tts_tid;
 	rec->uncommitted = TransactionIdIsValid(dirty->xmin);
 	rec->busy_xid = rec->uncommitted ? dirty->xmin : dirty->xmax;
 	rec->mine = TransactionIdIsCurrentTransactionId(xmin);
 	rec->in_snapshot = !IsolationUsesXactSnapshot() || rec->mine ||
-		table_tuple_satisfies_snapshot(store->heap, slot, GetActiveSnapshot());
+		table_tuple_satisfies_snapshot(store->heap[table], slot, GetActiveSnapshot());
 
 	rec->token = DatumGetInt64(slot_getattr(slot, Anum_token, &isnull));
 	d = slot_getattr(slot, Anum_fingerprint, &isnull);
@@ -257,8 +304,8 @@ record_from_slot(IdemStore *store, TupleTableSlot *slot, Snapshot dirty,
  *	in_snapshot	the version is visible to our transaction snapshot (only
  *				computed under REPEATABLE READ and SERIALIZABLE)
  */
-bool
-idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
+static bool
+fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord *rec)
 {
 	SnapshotData dirty;
 	ScanKeyData skey[3];
@@ -277,22 +324,36 @@ idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 						   C_COLLATION_OID, F_TEXTEQ,
 						   PointerGetDatum(key->key));
 
-	slot = table_slot_create(store->heap, NULL);
-	scan = idem_index_beginscan(store->heap, store->index, &dirty, 3, 0);
+	slot = table_slot_create(store->heap[table], NULL);
+	scan = idem_index_beginscan(store->heap[table], store->index[table],
+								&dirty, 3, 0);
 	index_rescan(scan, skey, 3, NULL, 0);
 
 	/*
-	 * At most one version of a key is live at a time (all writers hold the
-	 * key lock), so the first tuple the dirty snapshot accepts is the one.
+	 * At most one version of a key is live at a time, in either table (all
+	 * writers hold the key lock, and a move between the tables deletes and
+	 * inserts in one transaction), so the first tuple the dirty snapshot
+	 * accepts is the one.
 	 */
 	found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (found)
-		record_from_slot(store, slot, &dirty, rec);
+		record_from_slot(store, table, slot, &dirty, rec);
 
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 
 	return found;
+}
+
+bool
+idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
+{
+	/* where a completed record is most likely: a replay looks once */
+	int			first = store->split ? IDEM_RESULTS : IDEM_RECORDS;
+
+	if (fetch_in(store, first, key, rec))
+		return true;
+	return store->ntables == 2 && fetch_in(store, 1 - first, key, rec);
 }
 
 /*
@@ -343,19 +404,20 @@ idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
 	if (token == last_claim.token && key->role == last_claim.role &&
 		TransactionIdIsValid(last_claim.xid) &&
 		last_claim.xid == GetCurrentTransactionIdIfAny() &&
-		RelationGetRelid(store->heap) == last_claim.relid &&
-		idem_relfilenumber(store->heap) == last_claim.relfilenumber)
+		RelationGetRelid(store->heap[IDEM_RECORDS]) == last_claim.relid &&
+		idem_relfilenumber(store->heap[IDEM_RECORDS]) == last_claim.relfilenumber)
 	{
 		SnapshotData dirty;
-		TupleTableSlot *slot = table_slot_create(store->heap, NULL);
+		Relation	heap = store->heap[IDEM_RECORDS];
+		TupleTableSlot *slot = table_slot_create(heap, NULL);
 		bool		found;
 
 		InitDirtySnapshot(dirty);
-		found = table_tuple_fetch_row_version(store->heap, &last_claim.tid,
+		found = table_tuple_fetch_row_version(heap, &last_claim.tid,
 											  &dirty, slot) &&
 			slot_matches_key(slot, key);
 		if (found)
-			record_from_slot(store, slot, &dirty, rec);
+			record_from_slot(store, IDEM_RECORDS, slot, &dirty, rec);
 		ExecDropSingleTupleTableSlot(slot);
 		if (found && rec->token == token)
 			return true;
@@ -380,21 +442,22 @@ typedef struct RecordWrite
 } RecordWrite;
 
 static void
-write_begin(IdemStore *store, RecordWrite *w)
+write_begin(IdemStore *store, int table, RecordWrite *w)
 {
+	Relation	heap = store->heap[table];
 	RangeTblEntry *rte = makeNode(RangeTblEntry);
 
 	Assert(store->lockmode == RowExclusiveLock);
 
 	w->estate = CreateExecutorState();
 	rte->rtekind = RTE_RELATION;
-	rte->relid = RelationGetRelid(store->heap);
-	rte->relkind = store->heap->rd_rel->relkind;
+	rte->relid = RelationGetRelid(heap);
+	rte->relkind = heap->rd_rel->relkind;
 	rte->rellockmode = RowExclusiveLock;
 	idem_init_range_table(w->estate, rte);
 
 	w->rri = makeNode(ResultRelInfo);
-	InitResultRelInfo(w->rri, store->heap, 1, NULL, 0);
+	InitResultRelInfo(w->rri, heap, 1, NULL, 0);
 	/* so that AFTER triggers find it, and ExecCloseResultRelations closes it */
 	w->estate->es_opened_result_relations =
 		lappend(w->estate->es_opened_result_relations, w->rri);
@@ -402,8 +465,8 @@ write_begin(IdemStore *store, RecordWrite *w)
 	ExecOpenIndices(w->rri, false);
 	idem_epq_init(&w->epq, w->estate);
 
-	w->slot = table_slot_create(store->heap, &w->estate->es_tupleTable);
-	w->oldslot = table_slot_create(store->heap, &w->estate->es_tupleTable);
+	w->slot = table_slot_create(heap, &w->estate->es_tupleTable);
+	w->oldslot = table_slot_create(heap, &w->estate->es_tupleTable);
 
 	AfterTriggerBeginQuery();
 }
@@ -457,13 +520,15 @@ idem_store_insert(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 {
 	RecordWrite w;
 
-	write_begin(store, &w);
+	Assert(IdemRecordIsPending(rec));
+
+	write_begin(store, IDEM_RECORDS, &w);
 	fill_slot(w.slot, key, rec);
 	ExecSimpleRelationInsert(w.rri, w.estate, w.slot);
 
 	last_claim.xid = GetCurrentTransactionId();
-	last_claim.relid = RelationGetRelid(store->heap);
-	last_claim.relfilenumber = idem_relfilenumber(store->heap);
+	last_claim.relid = RelationGetRelid(store->heap[IDEM_RECORDS]);
+	last_claim.relfilenumber = idem_relfilenumber(store->heap[IDEM_RECORDS]);
 	last_claim.role = key->role;
 	last_claim.token = rec->token;
 	last_claim.tid = w.slot->tts_tid;
@@ -487,7 +552,7 @@ lock_version(IdemStore *store, const IdemRecord *rec, RecordWrite *w)
 
 	if (rec->mine)
 	{
-		if (!table_tuple_fetch_row_version(store->heap, &tid, SnapshotAny,
+		if (!table_tuple_fetch_row_version(store->heap[rec->table], &tid, SnapshotAny,
 										   w->oldslot))
 			elog(ERROR, "idempotency: record version (%u,%u) not found",
 				 ItemPointerGetBlockNumber(&tid),
@@ -495,7 +560,7 @@ lock_version(IdemStore *store, const IdemRecord *rec, RecordWrite *w)
 		return TM_Ok;
 	}
 
-	result = table_tuple_lock(store->heap, &tid, GetActiveSnapshot(),
+	result = table_tuple_lock(store->heap[rec->table], &tid, GetActiveSnapshot(),
 							  w->oldslot, GetCurrentCommandId(false),
 							  LockTupleExclusive, LockWaitBlock, 0, &tmfd);
 	if (result == TM_Invisible || result == TM_SelfModified)
@@ -504,24 +569,41 @@ lock_version(IdemStore *store, const IdemRecord *rec, RecordWrite *w)
 }
 
 /*
- * Replace the version rec->tid with rec's values.  Anything but TM_Ok means
- * the version was changed or deleted by a concurrent writer and nothing was
- * written.
+ * Replace the version rec->tid (in table rec->table) with rec's values.
+ * A completed record goes to idem_result when the durability mode is
+ * 'completed', anything else to idem_record: when that is the other table,
+ * the version is deleted there and the new one inserted here, in this
+ * transaction.  Anything but TM_Ok means the version was changed or
+ * deleted by a concurrent writer and nothing was written.
  */
 TM_Result
 idem_store_update(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 {
+	int			to = (store->split && !IdemRecordIsPending(rec)) ?
+		IDEM_RESULTS : IDEM_RECORDS;
 	RecordWrite w;
 	TM_Result	result;
 
-	write_begin(store, &w);
+	Assert(rec->table < store->ntables);
+
+	write_begin(store, rec->table, &w);
 	result = lock_version(store, rec, &w);
-	if (result == TM_Ok)
+	if (result == TM_Ok && to == rec->table)
 	{
 		fill_slot(w.slot, key, rec);
 		ExecSimpleRelationUpdate(w.rri, w.estate, &w.epq, w.oldslot, w.slot);
 	}
+	else if (result == TM_Ok)
+		ExecSimpleRelationDelete(w.rri, w.estate, &w.epq, w.oldslot);
 	write_end(&w);
+
+	if (result == TM_Ok && to != rec->table)
+	{
+		write_begin(store, to, &w);
+		fill_slot(w.slot, key, rec);
+		ExecSimpleRelationInsert(w.rri, w.estate, w.slot);
+		write_end(&w);
+	}
 	return result;
 }
 
@@ -531,7 +613,7 @@ idem_store_delete(IdemStore *store, const IdemRecord *rec)
 	RecordWrite w;
 	TM_Result	result;
 
-	write_begin(store, &w);
+	write_begin(store, rec->table, &w);
 	result = lock_version(store, rec, &w);
 	if (result == TM_Ok)
 		ExecSimpleRelationDelete(w.rri, w.estate, &w.epq, w.oldslot);
@@ -539,37 +621,89 @@ idem_store_delete(IdemStore *store, const IdemRecord *rec)
 	return result;
 }
 
+/* An index scan of one role's records in one table */
+typedef struct RoleScan
+{
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	bool		valid;			/* slot holds the next record */
+} RoleScan;
+
+static void
+role_scan_next(RoleScan *rs)
+{
+	rs->valid = index_getnext_slot(rs->scan, ForwardScanDirection, rs->slot);
+}
+
+/* C-collation order of (operation, key) of two records */
+static int
+record_cmp(TupleTableSlot *a, TupleTableSlot *b)
+{
+	for (AttrNumber att = Anum_operation; att <= Anum_key; att++)
+	{
+		bool		isnull;
+		text	   *ta = DatumGetTextPP(slot_getattr(a, att, &isnull));
+		text	   *tb = DatumGetTextPP(slot_getattr(b, att, &isnull));
+		int			la = VARSIZE_ANY_EXHDR(ta);
+		int			lb = VARSIZE_ANY_EXHDR(tb);
+		int			c = memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), Min(la, lb));
+
+		if (c != 0)
+			return c;
+		if (la != lb)
+			return la < lb ? -1 : 1;
+	}
+	return 0;
+}
+
 /*
  * Call fn for every committed record of one role, in (operation, key)
- * order, as the active snapshot sees them.  For statistics: nothing here
- * waits or locks, and responses are not read.
+ * order, as the active snapshot sees them: the two tables' primary keys
+ * are read side by side and merged.  For statistics: nothing here waits or
+ * locks, and responses are not read.
  */
 void
 idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *arg)
 {
 	ScanKeyData skey[1];
-	IndexScanDesc scan;
-	TupleTableSlot *slot;
+	RoleScan	rs[IDEM_NUM_TABLES];
 
 	ScanKeyInit(&skey[0], Anum_role_id, BTEqualStrategyNumber, F_OIDEQ,
 				ObjectIdGetDatum(role));
-	slot = table_slot_create(store->heap, NULL);
-	scan = idem_index_beginscan(store->heap, store->index, GetActiveSnapshot(), 1, 0);
-	index_rescan(scan, skey, 1, NULL, 0);
-
-	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	for (int t = 0; t < store->ntables; t++)
 	{
+		rs[t].slot = table_slot_create(store->heap[t], NULL);
+		rs[t].scan = idem_index_beginscan(store->heap[t], store->index[t],
+										  GetActiveSnapshot(), 1, 0);
+		index_rescan(rs[t].scan, skey, 1, NULL, 0);
+		role_scan_next(&rs[t]);
+	}
+
+	for (;;)
+	{
+		RoleScan   *next = NULL;
 		bool		isnull;
 		bool		pending;
 		TimestampTz expires_at;
 		text	   *operation;
 
-		operation = DatumGetTextPP(slot_getattr(slot, Anum_operation, &isnull));
-		(void) slot_getattr(slot, Anum_completed_at, &pending);
-		expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_expires_at, &isnull));
+		for (int t = 0; t < store->ntables; t++)
+			if (rs[t].valid &&
+				(next == NULL || record_cmp(rs[t].slot, next->slot) < 0))
+				next = &rs[t];
+		if (next == NULL)
+			break;
+
+		operation = DatumGetTextPP(slot_getattr(next->slot, Anum_operation, &isnull));
+		(void) slot_getattr(next->slot, Anum_completed_at, &pending);
+		expires_at = DatumGetTimestampTz(slot_getattr(next->slot, Anum_expires_at, &isnull));
 		fn(arg, operation, pending, expires_at);
+		role_scan_next(next);
 	}
 
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
+	for (int t = 0; t < store->ntables; t++)
+	{
+		index_endscan(rs[t].scan);
+		ExecDropSingleTupleTableSlot(rs[t].slot);
+	}
 }
