@@ -22,6 +22,10 @@
 #   - no idempotency advisory lock left in pg_locks;
 #   - no transaction waited anywhere near a lease (a lost wake-up);
 #   - the server log shows no crash or assertion failure.
+#
+# It runs in the default durability mode of a new installation, 'completed':
+# a finish moves the record from idem_record (claims, unlogged) to
+# idem_result (logged), so the invariants read both tables.
 
 use strict;
 use warnings;
@@ -144,9 +148,12 @@ $node->pgbench(
 
 # ---- invariants ----
 
-my $counts = $node->safe_psql('postgres', q{
-	SELECT (SELECT count(*) FROM idem_record WHERE completed_at IS NOT NULL),
-	       (SELECT count(*) FROM idem_record WHERE completed_at IS NULL),
+# every record, in whichever table the durability mode keeps it
+my $records = '(SELECT * FROM idem_record UNION ALL SELECT * FROM idem_result)';
+
+my $counts = $node->safe_psql('postgres', qq{
+	SELECT (SELECT count(*) FROM $records r WHERE completed_at IS NOT NULL),
+	       (SELECT count(*) FROM $records r WHERE completed_at IS NULL),
 	       (SELECT count(*) FROM effect),
 	       (SELECT count(DISTINCT key) FROM effect),
 	       (SELECT last_value & 4294967295 FROM idem_token_seq)});    # this epoch's count
@@ -177,22 +184,25 @@ cmp_ok($transactions, '>', 1000, 'the load ran');
 cmp_ok($completed, '>', 100, 'many keys were completed');
 cmp_ok($tokens, '>', $completed, 'more claims than completed records (rollbacks, aborts, takeovers of nothing)');
 is($pending, '0', 'no record is left pending');
-is($effects, $effect_keys, 'at most one effect row per key');
 is( $node->safe_psql('postgres', q{
-		SELECT count(*) FROM idem_record r
+		SELECT idem_durability() || '|' || (SELECT count(*) FROM idem_record WHERE completed_at IS NOT NULL)}),
+	'completed|0', 'mode completed: every completed record was moved to idem_result');
+is($effects, $effect_keys, 'at most one effect row per key');
+is( $node->safe_psql('postgres', qq{
+		SELECT count(*) FROM $records r
 		 WHERE r.completed_at IS NOT NULL
 		   AND (SELECT count(*) FROM effect e WHERE e.key = r.key) <> 1}),
 	'0', 'every completed record has exactly one effect row');
-is( $node->safe_psql('postgres', q{
-		SELECT count(*) FROM idem_record r
+is( $node->safe_psql('postgres', qq{
+		SELECT count(*) FROM $records r
 		 WHERE r.completed_at IS NOT NULL AND NOT EXISTS (
 			SELECT 1 FROM effect e
 			 WHERE e.key = r.key AND e.token = r.token
 			   AND r.response = jsonb_build_object('effect_id', e.id))}),
 	'0', 'every completed record\'s response is its effect row\'s id, with the same token');
-is( $node->safe_psql('postgres', q{
+is( $node->safe_psql('postgres', qq{
 		SELECT count(*) FROM effect e
-		 WHERE NOT EXISTS (SELECT 1 FROM idem_record r
+		 WHERE NOT EXISTS (SELECT 1 FROM $records r
 							WHERE r.key = e.key AND r.completed_at IS NOT NULL)}),
 	'0', 'no effect row without a completed record');
 is( $node->safe_psql('postgres', q{

@@ -4,8 +4,8 @@
 # A streaming standby, then a fail-over to it.
 #
 # Two databases on the primary: "postgres" with the record table made
-# logged (idem_set_logged(true)), "unlogdb" with the default unlogged
-# table.
+# logged (idem_set_logged(true), durability mode 'all'), "unlogdb" with
+# both tables unlogged (durability mode 'none', the default before 1.3).
 #
 # On the standby (read-only, in recovery):
 #   - idem_begin (even for a key that would replay), idem_finish,
@@ -74,6 +74,10 @@ $primary->safe_psql('postgres', q{
 });
 $primary->safe_psql('postgres', 'CREATE DATABASE unlogdb');
 $primary->safe_psql('unlogdb', 'CREATE EXTENSION idempotency');
+# unlogdb is about unlogged records (absent on the standby, forgotten on the
+# promoted one): mode 'none'.  A new installation starts in 'completed',
+# which would replicate the completed records in the logged idem_result.
+$primary->safe_psql('unlogdb', q{SELECT idem_set_durability('none')});
 
 sub claim
 {

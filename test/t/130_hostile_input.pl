@@ -24,6 +24,12 @@
 #  - new tokens strictly increase;
 #  - no backend crashed (server log) and the server is up.
 #
+# It runs in the default durability mode of a new installation, 'completed'
+# (claims in idem_record, completed records moved to idem_result), until the
+# idem_set_logged section switches to 'all' / 'none': "the record table"
+# above is both tables (the view idemtest_records), and the setup that
+# expires or deletes records does it in both.
+#
 # SQLSTATEs accepted, and why:
 #   22004  NULL where a value is required (spec)
 #   22023  empty or > 255-character operation/key, unknown policy (the
@@ -96,14 +102,19 @@ $node->safe_psql('postgres', q{
 	GRANT EXECUTE ON FUNCTION idem_purge(int), idem_set_logged(bool), idem_stats_reset() TO admin;
 
 	-- the whole record table, as one value
-	-- (large values enter through their md5, which keeps this cheap)
+	-- (large values enter through their md5, which keeps this cheap);
+	-- both tables: in the default durability mode of a new installation,
+	-- 'completed', a finish moves the record to idem_result
+	CREATE VIEW idemtest_records AS
+		SELECT * FROM idem_record UNION ALL SELECT * FROM idem_result;
+	REVOKE ALL ON idemtest_records FROM PUBLIC;
 	CREATE FUNCTION idemtest_checksum() RETURNS text LANGUAGE sql AS $$
 		SELECT md5(coalesce(string_agg(concat_ws('|', role_id, md5(operation), md5(key), token,
 		           md5(fingerprint), ttl, created_at, completed_at, expires_at,
 		           md5(response::text), fingerprint IS NULL, response IS NULL),
 		           ',' ORDER BY role_id, operation, key, token), ''))
 		       || ':' || count(*)
-		  FROM idem_record $$;
+		  FROM idemtest_records $$;
 	REVOKE ALL ON FUNCTION idemtest_checksum() FROM PUBLIC;
 
 	-- the contract's fingerprint encoding, written independently
@@ -614,9 +625,11 @@ sub setup_state
 		$old = $rec->($role);
 		if ($state eq 'expired')
 		{
-			emit(sprintf("UPDATE idem_record SET expires_at = clock_timestamp() - interval '1 s'"
+			# in whichever table the durability mode keeps the record
+			emit(sprintf("UPDATE $_ SET expires_at = clock_timestamp() - interval '1 s'"
 				  . " WHERE role_id = '%s'::regrole AND operation = %s AND key = %s;",
-				$role, $op->[0], $key->[0]));
+				$role, $op->[0], $key->[0]))
+			  for qw(idem_record idem_result);
 			$old->{expired} = 1;
 		}
 	}
@@ -700,7 +713,7 @@ sub end_batch
 	emit("SELECT 'D|$batch|' || r.rolname || '|' || md5(operation) || '|' || md5(key) || '|' || token || '|' "
 		  . "|| (completed_at IS NULL) || '|' || coalesce(md5(fingerprint), 'N') || '|' "
 		  . "|| coalesce(md5(response::text), 'N') || '|' || (expires_at <= clock_timestamp()) "
-		  . "FROM idem_record JOIN pg_roles r ON r.oid = role_id;");
+		  . "FROM idemtest_records JOIN pg_roles r ON r.oid = role_id;");
 	for my $role (qw(alice bob))
 	{
 		emit("SET ROLE $role;",
@@ -708,7 +721,7 @@ sub end_batch
 			  . "|| completed || '|' || expired FROM idem_stats;",
 			'RESET ROLE;');
 	}
-	emit('DELETE FROM idem_record;');
+	emit('DELETE FROM idem_record;', 'DELETE FROM idem_result;');
 	%model = ();
 	$in_batch = 0;
 	return;
@@ -922,7 +935,8 @@ section('idem_purge');
 		my $m = $max[ $n <= @max * 3 ? ($n - 1) % @max : int(rand(@max)) ];
 		my $role = $n <= @max * 3 ? (qw(alice admin postgres))[ int(($n - 1) / @max) ] : pick(qw(alice admin postgres));
 		# only the records set up here are expired: forget any other
-		emit('DELETE FROM idem_record WHERE expires_at <= clock_timestamp();');
+		emit('DELETE FROM idem_record WHERE expires_at <= clock_timestamp();',
+			'DELETE FROM idem_result WHERE expires_at <= clock_timestamp();');
 		delete $model{$_} for grep { $model{$_}{lapsed} || $model{$_}{expired} || $model{$_}{unknown} } keys %model;
 		my $k = int(rand(4));
 		my @lapsed;
@@ -1263,7 +1277,7 @@ is((as_alice(q{SELECT * FROM idem_inspect('detail', NULL)}))[0], '22004', 'idem_
 		like($err, qr/unknown in_flight policy/, "in_flight => '$pol': unknown policy");
 	}
 }
-$node->safe_psql('postgres', 'DELETE FROM idem_record');
+$node->safe_psql('postgres', 'DELETE FROM idem_record; DELETE FROM idem_result');
 
 is($node->safe_psql('postgres', 'SELECT 1'), '1', 'the server is up');
 my $log = slurp_file($node->logfile);

@@ -32,6 +32,13 @@
 #    a clean search_path gets for the same script in another database; the
 #    canary stays empty (no code of evil's ran, let alone as the extension
 #    owner) and evil is not a superuser.
+#
+# Every database runs in the default durability mode of a new installation,
+# 'completed': a finish moves the record from idem_record to idem_result,
+# so record checks read both tables, the setup expires a record in both,
+# mallory is refused idem_result and the durability functions too, evil
+# also meets a temporary idem_result, and the script switches the mode back
+# to 'completed' after idem_set_logged(true) / (false).
 
 use strict;
 use warnings;
@@ -90,6 +97,11 @@ my @denied = (
 	[ 'CREATE RULE',                  'CREATE RULE r AS ON INSERT TO idem_record DO INSTEAD NOTHING' ],
 	[ 'CREATE POLICY',                'CREATE POLICY p ON idem_record USING (true)' ],
 	[ 'COMMENT ON TABLE',             q{COMMENT ON TABLE idem_record IS 'x'} ],
+	[ 'SELECT the result table',      'SELECT * FROM idem_result' ],
+	[ 'UPDATE the result table',      q{UPDATE idem_result SET response = '{}'} ],
+	[ 'DELETE the result table',      'DELETE FROM idem_result' ],
+	[ 'TRUNCATE the result table',    'TRUNCATE idem_result' ],
+	[ 'ALTER TABLE the result table', 'ALTER TABLE idem_result SET UNLOGGED' ],
 	[ 'nextval on the token sequence', q{SELECT nextval('idem_token_seq')} ],
 	[ 'setval on the token sequence',  q{SELECT setval('idem_token_seq', 1)} ],
 	[ 'SELECT the token sequence',     'SELECT last_value FROM idem_token_seq' ],
@@ -101,6 +113,8 @@ my @denied = (
 	[ 'idem_purge(1)',                 'SELECT idem_purge(1)' ],
 	[ 'idem_set_logged(true)',         'SELECT idem_set_logged(true)' ],
 	[ 'idem_set_logged(false)',        'SELECT idem_set_logged(false)' ],
+	[ 'idem_set_durability(\'none\')', q{SELECT idem_set_durability('none')} ],
+	[ 'idem_durability()',             'SELECT idem_durability()' ],
 	[ 'idem_stats_reset()',            'SELECT idem_stats_reset()' ],
 	[ 'SET idempotency.max_response_size', q{SET idempotency.max_response_size = '1GB'} ],
 	[ 'ALTER EXTENSION UPDATE',        'ALTER EXTENSION idempotency UPDATE' ],
@@ -136,7 +150,9 @@ my ($st, $t_pend, $err) = as_user('alice', 'postgres', qq{
 	SELECT token FROM idem_begin('pay', 'k-pend', $fp, lease => '1 hour');});
 is($st, '00000', 'alice completes k-done and holds k-pend') or diag($err);
 $t_pend =~ s/.*\n//s;
-my $alice_rows = q{SELECT md5(string_agg(t::text, ',' ORDER BY key)) FROM idem_record t
+# both tables: in mode 'completed' alice's completed record is in idem_result
+my $alice_rows = q{SELECT md5(string_agg(t::text, ',' ORDER BY key))
+	FROM (SELECT * FROM idem_record UNION ALL SELECT * FROM idem_result) t
 	WHERE role_id = 'alice'::regrole};
 my $alice_before = $node->safe_psql('postgres', $alice_rows);
 
@@ -200,11 +216,14 @@ for my $db (qw(evildb gooddb))
 {
 	$node->safe_psql($db, q{
 		CREATE EXTENSION idempotency;
-		GRANT EXECUTE ON FUNCTION idem_purge(int), idem_set_logged(bool), idem_stats_reset()
+		GRANT EXECUTE ON FUNCTION idem_purge(int), idem_set_logged(bool), idem_stats_reset(),
+		  idem_set_durability(text), idem_durability()
 		  TO evil, good;
 		-- records of another role for idem_purge to find: one expired, one lapsed
+		-- (the completed one is in idem_result in mode 'completed')
 		SELECT idem_finish('bg', 'exp', (SELECT token FROM idem_begin('bg', 'exp', NULL)), '{}');
 		UPDATE idem_record SET expires_at = now() - interval '1 hour' WHERE key = 'exp';
+		UPDATE idem_result SET expires_at = now() - interval '1 hour' WHERE key = 'exp';
 		SELECT count(*) FROM idem_begin('bg', 'lapse', NULL, lease => '1 microsecond');
 		SELECT count(*) FROM idem_begin('bg', 'live', NULL);
 	});
@@ -337,6 +356,7 @@ my $evil_path = q{SET search_path = evil, pg_catalog, public;};
 # temporary relations come first for relation names unless pg_temp is listed
 my $temp_trap = q{
 CREATE TEMP TABLE idem_record (role_id pg_catalog.oid, operation pg_catalog.text, key pg_catalog.text);
+CREATE TEMP TABLE idem_result (role_id pg_catalog.oid, operation pg_catalog.text, key pg_catalog.text);
 CREATE TEMP TABLE idem_token_seq (last_value pg_catalog.int8);
 CREATE TEMP TABLE idem_token_epoch (last_value pg_catalog.int8);
 CREATE TEMP VIEW pg_extension AS SELECT * FROM pg_catalog.pg_extension WHERE evil.trap('temp view pg_extension');
@@ -401,6 +421,10 @@ my @steps = (
 	q{SELECT 'after_logged', state, response FROM idem_inspect('sp', 'k1')},
 	q{SELECT 'unlogged', idem_set_logged(false)},
 	q{SELECT 'persistence2', relpersistence FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) 'public.idem_record'::pg_catalog.regclass},
+	q{SELECT 'mode1', idem_durability()},
+	q{SELECT 'completed', idem_set_durability('completed')},
+	q{SELECT 'mode2', idem_durability()},
+	q{SELECT 'persistence3', c.relname, c.relpersistence FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) ANY (ARRAY['public.idem_record'::pg_catalog.regclass, 'public.idem_result'::pg_catalog.regclass]) ORDER BY c.relname},
 	q{SELECT 'reset', idem_stats_reset()},
 	q{SELECT 'counters', claims, replays, purged FROM idem_counters()},
 	q{SELECT 'counters_view', claims FROM idem_stats_counters},
@@ -444,12 +468,16 @@ like($good_out, qr/^reabort\|f$/m, 'clean run: aborting a finished claim is fals
 like($good_out, qr/^stats\|sp\|1\|1\|1\|0$/m, 'clean run: idem_stats counts 1 pending, 1 lapsed, 1 completed');
 like($good_out, qr/^purge\|3$/m, 'clean run: idem_purge deletes the 3 expired records (2 of another role)');
 like($good_out, qr/^persistence1\|p\n.*^persistence2\|u$/ms, 'clean run: idem_set_logged switches the table');
+like($good_out, qr/^mode1\|none\n.*^mode2\|completed\n.*^persistence3\|idem_record\|u\npersistence3\|idem_result\|p$/ms,
+	'clean run: idem_set_logged(false) is mode none; idem_set_durability(\'completed\') makes idem_result logged');
 for my $db (qw(evildb gooddb))
 {
-	is($node->safe_psql($db, q{SELECT string_agg(key, ',' ORDER BY key) FROM idem_record WHERE operation = 'bg'}),
+	is($node->safe_psql($db, q{SELECT string_agg(key, ',' ORDER BY key)
+		FROM (SELECT key FROM idem_record WHERE operation = 'bg'
+		      UNION ALL SELECT key FROM idem_result WHERE operation = 'bg') r}),
 		'live', "$db: the purge kept the other role's live record and deleted its expired ones");
 }
-like($good_out, qr/^final\|completed\|\{"a": 1\}$/m, 'clean run: the completed record survived both rewrites');
+like($good_out, qr/^final\|completed\|\{"a": 1\}$/m, 'clean run: the completed record survived the rewrites and moves');
 my @fp = $good_out =~ /^fp\|(\S+)\|(\S+)\|(\S+)\|(\S+)$/m;
 ok(@fp == 4 && $fp[0] ne $fp[1] && $fp[2] ne $fp[3], "clean run: fingerprints ('a','bc') <> ('ab','c'), NULL <> ''");
 
@@ -461,8 +489,8 @@ is($node->safe_psql('evildb', q{
 	'none', 'no shadow ran at all: the canary is empty');
 is($node->safe_psql('postgres', q{SELECT rolsuper FROM pg_roles WHERE rolname = 'evil'}),
 	'f', 'evil is not a superuser');
-is($node->safe_psql('evildb', q{SELECT count(*) FROM idem_record WHERE key = 'k1' AND response = '{"a": 1}'}),
-	'1', 'evil\'s record is stored as it should be');
+is($node->safe_psql('evildb', q{SELECT count(*) FROM idem_result WHERE key = 'k1' AND response = '{"a": 1}'}),
+	'1', 'evil\'s record is stored as it should be (in idem_result: mode completed)');
 
 my $log = slurp_file($node->logfile);
 unlike($log, qr/terminated by signal|PANIC|TRAP:/, 'no backend crashed');

@@ -519,18 +519,38 @@ $node->safe_psql('updated', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('updated',
 		q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
 	$default_version, "ALTER EXTENSION UPDATE reaches $default_version");
+# A fresh install starts in durability mode 'completed' (idem_result
+# logged); an updated one keeps its behaviour, here the unlogged record
+# table of 1.0: mode 'none' (idem_result unlogged).  That is the one
+# intended difference (relpersistence of idem_result): switch the updated
+# one to 'completed' before comparing.
+is($node->safe_psql('fresh', 'SELECT idem_durability()'), 'completed',
+	'a fresh install is in durability mode completed');
+is($node->safe_psql('updated', 'SELECT idem_durability()'), 'none',
+	'1.0 (unlogged record table) updated is in durability mode none');
+$node->safe_psql('updated', q{SELECT idem_set_durability('completed')});
 my $fresh = describe_extension('fresh');
 my $updated = describe_extension('updated');
 ok(length($fresh) > 0, 'the fresh install has member objects');
 is($updated, $fresh,
-	"1.0 updated to $default_version has the same objects, definitions and ACLs as a fresh install");
+	"1.0 updated to $default_version (then set to mode completed) has the same objects, definitions, ACLs and persistence as a fresh install");
 is($node->safe_psql('fresh', q{
 	SELECT string_agg(c.relname, ',' ORDER BY c.relname)
 	  FROM pg_extension e CROSS JOIN LATERAL unnest(e.extconfig) r(oid)
 	  JOIN pg_class c ON c.oid = r.oid
 	 WHERE e.extname = 'idempotency'}),
-	'idem_record,idem_token_epoch',
-	'the record table and the token epochs are dumped by pg_dump (not the count)');
+	'idem_record,idem_result,idem_token_epoch',
+	'the record tables and the token epochs are dumped by pg_dump (not the count)');
+for my $db (qw(fresh updated))
+{
+	is($node->safe_psql($db, q{
+		SELECT count(DISTINCT cond) || '|' || count(*)
+		  FROM pg_extension e
+		 CROSS JOIN LATERAL unnest(e.extconfig, e.extcondition) x(oid, cond)
+		 WHERE e.extname = 'idempotency'
+		   AND x.oid IN ('idem_record'::regclass, 'idem_result'::regclass)}),
+		'1|2', "$db: idem_result has the same dump condition as idem_record");
+}
 
 # 3. a schema name cannot smuggle SQL into the install script, e.g. through
 #    a newline ending a -- comment that mentions the placeholder (the

@@ -2,6 +2,10 @@
 # purge worker removes expired records (and only those) in every listed
 # database, and the shared-memory counters count each kind of event.
 # Without preloading, reading the counters says so.
+#
+# The databases are in the default durability mode of a new installation,
+# 'completed': a finish moves the record to idem_result, so the checks read
+# both tables, and the worker must purge an expired completed record there.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -37,8 +41,9 @@ ok(!$node->log_contains(qr/background worker "idempotency purge worker" \(PID \d
 
 # --- the purge worker ---------------------------------------------------
 
-# 1,000 claims whose lease lapses at once, in batches of 100 for the worker;
-# plus records that must stay: live pending and completed within retention.
+# 1,000 claims whose lease lapses at once, in batches of 100 for the worker,
+# and a completed record made expired (in idem_result); plus records that
+# must stay: live pending and completed within retention.
 for my $db ('postgres', 'other')
 {
 	$node->safe_psql($db, q{
@@ -47,15 +52,21 @@ for my $db ('postgres', 'other')
 		SELECT token FROM idem_begin('keep', 'pending', NULL, lease => '1 hour');
 		SELECT token FROM idem_begin('keep', 'done', NULL);
 		SELECT idem_finish('keep', 'done', currval('idem_token_seq'), '"kept"');
+		SELECT token FROM idem_begin('lapsing', 'done', NULL);
+		SELECT idem_finish('lapsing', 'done', currval('idem_token_seq'), '"gone"');
+		UPDATE idem_record SET expires_at = now() - interval '1 hour' WHERE operation = 'lapsing' AND key = 'done';
+		UPDATE idem_result SET expires_at = now() - interval '1 hour' WHERE operation = 'lapsing' AND key = 'done';
 	});
 }
+# every record, in whichever table the durability mode keeps it
+my $records = '(SELECT * FROM idem_record UNION ALL SELECT * FROM idem_result)';
 for my $db ('postgres', 'other')
 {
 	ok($node->poll_query_until($db,
-			"SELECT count(*) = 0 FROM idem_record WHERE operation = 'lapsing'"),
-		"worker purged every expired record in database $db");
+			"SELECT count(*) = 0 FROM $records r WHERE operation = 'lapsing'"),
+		"worker purged every expired record in database $db (idem_result too)");
 	is($node->safe_psql($db,
-			"SELECT string_agg(key, ',' ORDER BY key) FROM idem_record"),
+			"SELECT string_agg(key, ',' ORDER BY key) FROM $records r"),
 		'done,pending', "live records survive the purge in database $db");
 }
 is($node->safe_psql('postgres', "SELECT purged >= 2000 FROM idem_stats_counters"),
@@ -131,7 +142,7 @@ $node->safe_psql('postgres', q{
 });
 sleep(2);
 is($node->safe_psql('postgres',
-		"SELECT count(*) FROM idem_record WHERE operation = 'by-the-clock'"),
+		"SELECT count(*) FROM $records r WHERE operation = 'by-the-clock'"),
 	'5', 'reloads and invalidations do not trigger a purge before the interval');
 
 $node->stop;

@@ -9,6 +9,12 @@
 # idem_abort must find the record where it is now -- no "could not read
 # block" (XX001) from a position remembered since the claim -- and the key
 # then replays.  The same again while an in-transaction load runs.
+#
+# The test starts in the default durability mode of a new installation,
+# 'completed' (pending claims in idem_record, completed records moved to
+# idem_result); idem_set_logged switches it to 'all' / 'none'.  The load
+# part switches back to 'completed' first, and also rewrites idem_result
+# (VACUUM FULL, CLUSTER) and switches modes under the load.
 use strict;
 use warnings;
 
@@ -151,11 +157,16 @@ is($fpcheck, 'replay|{"by": "truncate"}', 'truncate: replays');
 
 # ---- the same under an in-transaction load ----
 
+# back to the default mode of a new installation (idem_set_logged(false)
+# above left 'none')
+$node->safe_psql('postgres', q{SELECT idem_set_durability('completed')});
 my $load = start_load($node, op => 'rw', keys => 2000, clients => 3, seconds => 60);
 ok($node->poll_query_until('postgres', q{SELECT count(*) >= 200 FROM effect}), 'load is running');
 my $i = 0;
 for my $ddl ('VACUUM FULL idem_record', 'CLUSTER idem_record USING idem_record_pkey',
+	'VACUUM FULL idem_result', 'CLUSTER idem_result USING idem_result_pkey',
 	'SELECT idem_set_logged(true)', 'SELECT idem_set_logged(false)',
+	q{SELECT idem_set_durability('completed')},
 	q{DELETE FROM idem_record WHERE operation = 'fill'; VACUUM idem_record})
 {
 	$i++;

@@ -2,7 +2,9 @@
 #
 # ALTER TABLE idem_record SET TABLESPACE (and back, and its index) while an
 # in-transaction load runs, and between a committed claim (external-call
-# shape) and its finish / renew / abort in the same session.
+# shape) and its finish / renew / abort in the same session.  The same for
+# idem_result, where the default durability mode of a new installation,
+# 'completed', moves a record when it is finished.
 use strict;
 use warnings;
 
@@ -40,7 +42,11 @@ my $i = 0;
 for my $ddl ('ALTER TABLE idem_record SET TABLESPACE ts',
 	'ALTER INDEX idem_record_pkey SET TABLESPACE ts',
 	'ALTER TABLE idem_record SET TABLESPACE pg_default',
-	'ALTER INDEX idem_record_pkey SET TABLESPACE pg_default')
+	'ALTER INDEX idem_record_pkey SET TABLESPACE pg_default',
+	'ALTER TABLE idem_result SET TABLESPACE ts',
+	'ALTER INDEX idem_result_pkey SET TABLESPACE ts',
+	'ALTER TABLE idem_result SET TABLESPACE pg_default',
+	'ALTER INDEX idem_result_pkey SET TABLESPACE pg_default')
 {
 	$i++;
 	my @t;

@@ -19,6 +19,12 @@
 #   key_records($node, $key)
 #                        the records of $key, one line per record in token
 #                        order: "token|pending|" or "token|completed|response"
+#   $IDEM_RECORDS        SQL for every record, in whichever table the
+#                        durability mode keeps it (from 1.3: idem_record,
+#                        and in mode 'completed' idem_result for completed
+#                        records): "(SELECT * FROM idem_record UNION ALL
+#                        SELECT * FROM idem_result)", to use as a table
+#                        ("FROM $IDEM_RECORDS r")
 #   idem_lock_count($node)
 #                        how many idempotency advisory locks (classes 0x494B
 #                        and 0x494C) pg_locks shows: 0 once every claim and
@@ -46,7 +52,7 @@ use IPC::Run;
 use PostgreSQL::Test::Utils ();
 
 our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count
-  setup_load start_load stop_load load_progressed check_load check_amcheck);
+  $IDEM_RECORDS setup_load start_load stop_load load_progressed check_load check_amcheck);
 
 # Start $sql in session $s without waiting for it to finish.
 sub send_sql
@@ -96,6 +102,13 @@ sub run_sql
 
 # ---- the record table and the locks ----
 
+# Every record, from both tables: a new installation (1.3) is in durability
+# mode 'completed', where a finish moves the record from idem_record (the
+# claims, unlogged) to idem_result (logged).  In modes 'none' and 'all'
+# idem_result is empty.
+our $IDEM_RECORDS =
+  '(SELECT * FROM idem_record UNION ALL SELECT * FROM idem_result)';
+
 # The records of $key: "token|pending/completed|response", one line per
 # record, in token order.
 sub key_records
@@ -103,7 +116,7 @@ sub key_records
 	my ($node, $key) = @_;
 	return $node->safe_psql('postgres', qq{
 		SELECT token, CASE WHEN completed_at IS NULL THEN 'pending' ELSE 'completed' END, response
-		  FROM idem_record WHERE key = '$key' ORDER BY token});
+		  FROM $IDEM_RECORDS r WHERE key = '$key' ORDER BY token});
 }
 
 # The number of idempotency advisory locks held or awaited.
@@ -141,7 +154,8 @@ sub idem_lock_count
 #       its completed record; (b) no key has two effects.
 #   check_amcheck($node, $db, $name)
 #       (c) bt_index_check(index, heapallindexed => true) on every index
-#       of the record table: returns the number of indexes checked.
+#       of both record tables, idem_record and idem_result: returns the
+#       number of indexes checked.
 
 sub setup_load
 {
@@ -251,7 +265,7 @@ sub check_load
 	# (a) completed records <=> effects (as superuser)
 	my $role_of_record = defined $o{role} ? qq{AND r.role_id::regrole::text = '$o{role}'} : '';
 	Test::More::is( $node->safe_psql($db, qq{
-			SELECT count(*) FROM idem_record r
+			SELECT count(*) FROM $IDEM_RECORDS r
 			 WHERE r.operation = '$op' $role_of_record AND r.completed_at IS NOT NULL
 			   AND NOT EXISTS (SELECT 1 FROM effect e
 			                    WHERE e.op = r.operation AND e.key = r.key AND e.token = r.token
@@ -260,7 +274,7 @@ sub check_load
 	Test::More::is( $node->safe_psql($db, qq{
 			SELECT count(*) FROM effect e
 			 WHERE e.op = '$op' $role_cond AND NOT EXISTS (
-				SELECT 1 FROM idem_record r
+				SELECT 1 FROM $IDEM_RECORDS r
 				 WHERE r.operation = e.op AND r.key = e.key AND r.completed_at IS NOT NULL
 				   AND r.response = jsonb_build_object('effect_id', e.id))}),
 		'0', "$name: (a) every effect has its completed record");
@@ -277,14 +291,15 @@ sub check_amcheck
 {
 	my ($node, $db, $name) = @_;
 	$node->safe_psql($db, 'CREATE EXTENSION IF NOT EXISTS amcheck');
+	my $tables = q{indrelid IN ('idem_record'::regclass, 'idem_result'::regclass)};
 	my $n = $node->safe_psql($db,
-		q{SELECT count(*) FROM pg_index WHERE indrelid = 'idem_record'::regclass});
-	my ($ret, $out, $err) = $node->psql($db, q{
+		qq{SELECT count(*) FROM pg_index WHERE $tables});
+	my ($ret, $out, $err) = $node->psql($db, qq{
 		SELECT count(*) FROM (
 			SELECT bt_index_check(indexrelid, true) FROM pg_index
-			 WHERE indrelid = 'idem_record'::regclass) s});
+			 WHERE $tables) s});
 	Test::More::is("$ret|$out", "0|$n",
-		"$name: (c) amcheck (heapallindexed) clean on all $n indexes of idem_record")
+		"$name: (c) amcheck (heapallindexed) clean on all $n indexes of idem_record and idem_result")
 	  or Test::More::diag($err);
 	return $n;
 }
