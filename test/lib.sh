@@ -5,7 +5,7 @@
 # Conventions:
 #   IDEM_TMP     temp root of this run (owned by postgres), removed at exit
 #   IDEM_SRC     copy of the source tree inside IDEM_TMP; tests run from here
-#   PG_BINDIR    PostgreSQL 15 binaries
+#   PG_BINDIR    the binaries of PostgreSQL PG_MAJOR
 # Functions that can fail return non-zero and print why; they never exit,
 # so the caller decides whether a failure is fatal.
 
@@ -307,14 +307,6 @@ start_server() {
 		unix_socket_directories = '$sock'
 		max_prepared_transactions = 0
 	EOF
-	# Hook: settings the tests need (e.g. shared_preload_libraries) go in
-	# test/postgresql.conf, if the project ever adds one.
-	if [[ -f $IDEM_SRC/test/postgresql.conf ]]; then
-		info "server settings: including test/postgresql.conf"
-		echo "include '$IDEM_SRC/test/postgresql.conf'" |
-			as_pg tee -a "$IDEM_PGDATA/postgresql.conf" >/dev/null
-	fi
-
 	# IDEM_SERVER_WRAPPER: a script that execs postgres under a tool
 	# (valgrind for `test/run memcheck`); startup is slower then.
 	local -a pgctl_opts=(-w -t 60)
