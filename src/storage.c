@@ -390,7 +390,9 @@ slot_matches_key(TupleTableSlot *slot, const IdemKey *key)
 }
 
 /*
- * Like idem_store_fetch, for the record that token should hold.  In the
+ * Like idem_store_fetch, for the pending claim that token should hold, which
+ * can only be in idem_record (a version being moved to idem_result by a
+ * concurrent finish is still there, marked by it).  In the
  * in-transaction shape the claim to settle is the one this transaction
  * inserted last: it is read straight from where it was inserted, without
  * descending the index, if the table still has the file it was inserted
@@ -422,7 +424,8 @@ idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
 		if (found && rec->token == token)
 			return true;
 	}
-	return idem_store_fetch(store, key, rec);
+	/* a claim is pending, and a pending record is always in idem_record */
+	return fetch_in(store, IDEM_RECORDS, key, rec);
 }
 
 /* ---- writes ---- */
