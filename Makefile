@@ -30,7 +30,7 @@ REGRESS = 00_setup 10_claim 20_arguments 30_settings 40_fingerprint \
 # test/isolation/expected/*.out, in this order (00-helpers creates the
 # helper functions the others use)
 ISOLATION = 00-helpers dup-committed dup-uncommitted fingerprint-mismatch \
-	lease-renew lease-takeover relcache-inval repeatable-read \
+	inspect-uncommitted lease-renew lease-takeover relcache-inval repeatable-read \
 	role-namespace same-transaction sleep-vs-vacuum-full wait-cancel
 ISOLATION_OPTS = --inputdir=test/isolation
 
