@@ -84,7 +84,8 @@ SELECT idem_durability();
 -- Expired records are purged from both tables.
 UPDATE idem_result SET expires_at = now() - interval '1 s' WHERE operation = 'dur';
 UPDATE idem_record SET expires_at = now() - interval '1 s' WHERE operation = 'dur';
-SELECT idem_purge() AS purged;
+-- (other files' records may have expired by now too: count only ours)
+SELECT idem_purge() >= 2 AS purged_ours;
 SELECT count(*) AS left_over FROM idem_record WHERE operation = 'dur';
 SELECT count(*) AS left_over FROM idem_result WHERE operation = 'dur';
 
