@@ -243,9 +243,10 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 			 * transaction locked the table before this call, the lock
 			 * stays; the sleep then ends when someone queues behind it.)
 			 */
+			nrelids = 0;
 			for (int t = 0; t < store->ntables; t++)
-				relids[t] = RelationGetRelid(store->heap[t]);
-			nrelids = store->ntables;
+				if (store->heap[t] != NULL)
+					relids[nrelids++] = RelationGetRelid(store->heap[t]);
 			idem_store_close(store, true);
 			idem_wait_for_wakeup(key, rec->expires_at, lock_deadline,
 								 relids, nrelids);

@@ -101,6 +101,7 @@ typedef struct IdemStore
 	Relation	heap[IDEM_NUM_TABLES];
 	Relation	index[IDEM_NUM_TABLES];	/* each table's primary key */
 	int			ntables;		/* 1 before version 1.3 */
+	Oid			result_relid;	/* idem_result; its heap[] is NULL until used */
 	bool		split;			/* mode 'completed': results to idem_result */
 	LOCKMODE	lockmode;		/* of all of them */
 	Oid			fn_oid;			/* the SQL function that opened them */

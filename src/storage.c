@@ -229,16 +229,30 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	store->fn_oid = fn_oid;
 
 	open_table(store, IDEM_RECORDS, relid);
-	store->ntables = 1;
-	store->split = false;
-	if (OidIsValid(resultid))
-	{
-		open_table(store, IDEM_RESULTS, resultid);
-		store->ntables = 2;
-		store->split =
-			store->heap[IDEM_RECORDS]->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
-			store->heap[IDEM_RESULTS]->rd_rel->relpersistence == RELPERSISTENCE_PERMANENT;
-	}
+	store->ntables = OidIsValid(resultid) ? 2 : 1;
+	store->result_relid = resultid;
+	store->heap[IDEM_RESULTS] = store->index[IDEM_RESULTS] = NULL;
+
+	/*
+	 * The persistence of both decides the mode.  Our lock on idem_record
+	 * keeps it: a switch takes ACCESS EXCLUSIVE locks on both tables, and
+	 * invalidates idem_record, whose lock we took after it.
+	 */
+	store->split = OidIsValid(resultid) &&
+		store->heap[IDEM_RECORDS]->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
+		get_rel_persistence(resultid) == RELPERSISTENCE_PERMANENT;
+}
+
+/*
+ * idem_result is opened when a call first needs it: a replay in modes
+ * 'none' and 'all' finds its record in idem_record and never does.
+ */
+static void
+need_table(IdemStore *store, int table)
+{
+	Assert(table < store->ntables);
+	if (table == IDEM_RESULTS && store->heap[IDEM_RESULTS] == NULL)
+		open_table(store, IDEM_RESULTS, store->result_relid);
 }
 
 /*
@@ -253,6 +267,8 @@ idem_store_close(IdemStore *store, bool release)
 
 	for (int t = store->ntables - 1; t >= 0; t--)
 	{
+		if (store->heap[t] == NULL)
+			continue;
 		index_close(store->index[t], mode);
 		table_close(store->heap[t], mode);
 	}
@@ -313,6 +329,7 @@ fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord *rec)
 	TupleTableSlot *slot;
 	bool		found = false;
 
+	need_table(store, table);
 	InitDirtySnapshot(dirty);
 
 	ScanKeyInit(&skey[0], Anum_role_id, BTEqualStrategyNumber, F_OIDEQ,
@@ -602,6 +619,7 @@ idem_store_update(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 
 	if (result == TM_Ok && to != rec->table)
 	{
+		need_table(store, to);
 		write_begin(store, to, &w);
 		fill_slot(w.slot, key, rec);
 		ExecSimpleRelationInsert(w.rri, w.estate, w.slot);
@@ -675,6 +693,7 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 				ObjectIdGetDatum(role));
 	for (int t = 0; t < store->ntables; t++)
 	{
+		need_table(store, t);
 		rs[t].slot = table_slot_create(store->heap[t], NULL);
 		rs[t].scan = idem_index_beginscan(store->heap[t], store->index[t],
 										  GetActiveSnapshot(), 1, 0);
