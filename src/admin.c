@@ -127,20 +127,21 @@ idem_purge(PG_FUNCTION_ARGS)
 	PG_RETURN_INT64((int64) deleted);
 }
 
+/*
+ * The mode the tables' persistence makes: 'completed' when the completed
+ * records' table is logged and the claims' one is not (as idem_store_open
+ * decides where a finish puts a record), otherwise idem_record's
+ * persistence alone.
+ */
 static IdemDurability
 current_durability(Oid record_relid, Oid result_relid)
 {
-	char		records = get_rel_persistence(record_relid);
+	bool		records_logged = get_rel_persistence(record_relid) == RELPERSISTENCE_PERMANENT;
 
-	if (!OidIsValid(result_relid))
-		return records == RELPERSISTENCE_PERMANENT ?
-			IDEM_DURABILITY_ALL : IDEM_DURABILITY_NONE;
-	if (get_rel_persistence(result_relid) == RELPERSISTENCE_PERMANENT)
-		return records == RELPERSISTENCE_PERMANENT ?
-			IDEM_DURABILITY_ALL : IDEM_DURABILITY_COMPLETED;
-	/* idem_result unlogged: idem_record's persistence says it all */
-	return records == RELPERSISTENCE_PERMANENT ?
-		IDEM_DURABILITY_ALL : IDEM_DURABILITY_NONE;
+	if (!records_logged && OidIsValid(result_relid) &&
+		get_rel_persistence(result_relid) == RELPERSISTENCE_PERMANENT)
+		return IDEM_DURABILITY_COMPLETED;
+	return records_logged ? IDEM_DURABILITY_ALL : IDEM_DURABILITY_NONE;
 }
 
 /*

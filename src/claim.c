@@ -65,25 +65,19 @@ typedef enum ClaimStatus
 static char *
 fingerprint_text(const bytea *fp)
 {
-	StringInfoData buf;
 	Size		len;
-	static const char hex[] = "0123456789abcdef";
+	Size		shown;
+	char	   *hex;
 
 	if (fp == NULL)
 		return "NULL";
 	len = VARSIZE_ANY_EXHDR(fp);
-	initStringInfo(&buf);
-	appendStringInfoString(&buf, "\\x");
-	for (Size i = 0; i < Min(len, FINGERPRINT_SHOWN_BYTES); i++)
-	{
-		unsigned char c = ((const unsigned char *) VARDATA_ANY(fp))[i];
-
-		appendStringInfoChar(&buf, hex[c >> 4]);
-		appendStringInfoChar(&buf, hex[c & 0xF]);
-	}
-	if (len > FINGERPRINT_SHOWN_BYTES)
-		appendStringInfo(&buf, "... (%zu bytes)", len);
-	return buf.data;
+	shown = Min(len, FINGERPRINT_SHOWN_BYTES);
+	hex = palloc(shown * 2 + 1);
+	hex[hex_encode(VARDATA_ANY(fp), shown, hex)] = '\0';
+	if (len > shown)
+		return psprintf("\\x%s... (%zu bytes)", hex, len);
+	return psprintf("\\x%s", hex);
 }
 
 static bool
