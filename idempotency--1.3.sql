@@ -323,6 +323,17 @@ GRANT SELECT ON @extschema@.idem_record TO pg_database_owner;
 GRANT SELECT ON SEQUENCE @extschema@.idem_token_epoch TO pg_database_owner;
 
 /*
+ * Token epochs ordered by timeline (src/tokens.c): a token becomes
+ * epoch << 25 | count, and idem_token_epoch holds the last epoch with the
+ * timeline it started on, which needs all of int8.  Its value stays as it
+ * is: the first claim after this update reads it as version 1.2's epoch
+ * number and starts the first epoch above every token of 1.2.  The count
+ * starts over, so that this first claim starts that epoch.
+ */
+ALTER SEQUENCE @extschema@.idem_token_epoch NO MAXVALUE;
+ALTER SEQUENCE @extschema@.idem_token_seq RESTART WITH 1;
+
+/*
  * Durability modes.  idem_result holds completed records in mode
  * 'completed': logged, while idem_record, which holds the claims, stays
  * unlogged; a finish moves its record there in the finishing transaction

@@ -3,26 +3,29 @@
 --
 \set VERBOSITY default
 
--- A token is epoch << 32 | count.  The first claim in a database starts
--- an epoch, taken from the logged idem_token_epoch and flushed; the count
--- comes from the unlogged idem_token_seq.  An epoch is never below the
--- clock, in seconds since 2020-01-01, which orders tokens across a
--- DROP EXTENSION and CREATE EXTENSION.
-SELECT token >> 32 AS epoch, token & 4294967295 AS count
+-- A token is epoch << 25 | count, an epoch band << 22 | serial.  The
+-- first claim in a database starts an epoch, recorded with the timeline in
+-- the logged idem_token_epoch (timeline << 38 | epoch) and flushed; the
+-- count comes from the unlogged idem_token_seq.  The first epoch of an
+-- installation starts from the clock: band = days since 2020-01-01 UTC
+-- plus the timeline (1 here), serial = seconds of the day plus one; that
+-- orders tokens across a DROP EXTENSION and CREATE EXTENSION.
+SELECT token >> 47 AS band, token >> 25 & 4194303 AS serial,
+       token & 33554431 AS count
   FROM idem_begin('token.epoch', 'e1', NULL) \gset
-SELECT :epoch = last_value AS epoch_recorded,
-       :epoch BETWEEN extract(epoch FROM now() - '2020-01-01 UTC')::int8 - 60
-                  AND extract(epoch FROM now() - '2020-01-01 UTC')::int8 + 1
-         AS epoch_from_clock,
+SELECT last_value >> 38 AS timeline,
+       last_value & 274877906943 = :band::int8 << 22 | :serial AS epoch_recorded,
+       :band - 1 BETWEEN (current_date - 1 - '2020-01-01'::date)
+                     AND (current_date + 1 - '2020-01-01'::date) AS band_from_days,
+       :serial BETWEEN 1 AND 86400 AS serial_from_seconds,
        :count AS count
   FROM idem_token_epoch;
-SELECT idem_abort('token.epoch', 'e1', (:epoch::int8 << 32) + 1);
+SELECT idem_abort('token.epoch', 'e1', ((:band::int8 << 47) | (:serial::int8 << 25)) + 1);
 
 -- Tokens are compared below, not printed, except in the IK412 messages,
--- which name the token: this file moves the count to a known value of
--- epoch 1 (a test only; tokens never go back by themselves) so that those
--- messages are stable: the next token is
--- (1 << 32) + 10000001 = 4304967297.
+-- which name the token: this file moves the count to a known value (a test
+-- only; tokens never go back by themselves) so that those messages are
+-- stable: the next token is (1 << 32) + 10000001 = 4304967297.
 SELECT setval('idem_token_seq', (1::int8 << 32) + 10000000) AS token_base;
 
 -- A first claim of a key: status 'new', a token, no response.

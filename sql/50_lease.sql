@@ -5,7 +5,7 @@
 -- neither finish nor abort the new claim.
 --
 -- IK412 messages name the token: start this file's tokens at a known value,
--- count 50000001 of epoch 1 (forward only; no earlier file came near it).
+-- (1 << 32) + 50000001 (forward only; no earlier file came near it).
 --
 \set VERBOSITY default
 SELECT setval('idem_token_seq', (1::int8 << 32) + 50000000) AS token_base;

@@ -6,7 +6,7 @@
 -- applications; regress_idem_nobody is any unprivileged role.
 --
 -- IK412 messages name the token: start this file's tokens at a known value,
--- count 70000001 of epoch 1 (forward only; no earlier file came near it).
+-- (1 << 32) + 70000001 (forward only; no earlier file came near it).
 --
 \set VERBOSITY default
 SELECT setval('idem_token_seq', (1::int8 << 32) + 70000000) AS token_base;

@@ -89,10 +89,12 @@ SELECT status, response FROM idem_begin('upgrade', 'u1', idem_fingerprint('u', 1
 SELECT idem_begin('upgrade', 'u0', NULL, in_flight => 'raise');
 \echo :SQLSTATE
 
--- Tokens keep increasing across the update to 1.2: the first epoch starts
--- above the old sequence, and the claim taken under 1.1 is still held by
--- its token.
-SELECT token > :u3_token AS greater, token >> 32 > 200000000 AS epoch_from_clock
+-- Tokens keep increasing across the updates (1.2 adds epochs, 1.3 orders
+-- them by timeline): the first epoch starts above the old sequence, its
+-- band from the clock (days since 2020-01-01, plus the timeline), and the
+-- claim taken under 1.1 is still held by its token.
+SELECT token > :u3_token AS greater,
+       token >> 47 > current_date - '2020-01-02'::date AS band_from_clock
   FROM idem_begin('upgrade', 'u4', NULL);
 SELECT idem_finish('upgrade', 'u3', :u3_token, '"done under 1.2"');
 SELECT status, response FROM idem_begin('upgrade', 'u3', NULL);

@@ -2,7 +2,7 @@
  *
  * tokens.c
  *	  Fencing tokens: each greater than every token handed out before it in
- *	  the database.
+ *	  the database -- across crashes, fail-overs and point-in-time recovery.
  *
  * A sequence alone does not give that cheaply.  nextval() writes WAL only
  * every 32 values and leaves flushing it to the commit of a transaction
@@ -12,37 +12,56 @@
  * commits fixes that at the price of a disk flush per 32 claims, which the
  * claims of all sessions end up waiting for.
  *
- * So a token has two parts, epoch << 32 | count:
+ * So a token has two parts, epoch << 25 | count:
  *
  *	count	from idem_token_seq, an UNLOGGED sequence: no WAL at all, and
  *			crash recovery (or promotion) resets it to its start, 1.
- *	epoch	from idem_token_epoch, a logged sequence, flushed to disk and
- *			to synchronous standbys before the epoch's first token is used.
+ *	epoch	recorded in idem_token_epoch, a logged sequence, flushed to disk
+ *			and to synchronous standbys before the epoch's first token is
+ *			used.
+ *
+ * A count without an epoch therefore means "no epoch since the last crash".
+ * The first backend to see it, under a lock on idem_token_epoch, starts the
+ * next epoch and moves the count to epoch << 25; a count nearing the end of
+ * its epoch does the same.  That is one flush per crash or per 32 million
+ * tokens.  Values drawn while that happens are discarded, never used:
+ * tokens need not be dense.  A new epoch starts by parking the count at its
+ * minimum, -2^63, so draws made while it waits stay unusable; between the
+ * draw that crosses the count's limit and the parking, each backend draws
+ * at most twice: the 2^20 values to spare cannot run out.
+ *
+ * An epoch is band << 22 | serial, and idem_token_epoch holds the last one
+ * with the timeline it was started on: timeline << 38 | band << 22 | serial.
+ *
+ *	serial	one more than the last epoch's.
+ *	band	the last epoch's, plus the number of timelines since it.
+ *
+ * A standby that is promoted, or a point-in-time recovery, continues on a
+ * new timeline, greater than every timeline of the history it branches
+ * from (PostgreSQL picks one above every timeline in the WAL archive).  The
+ * band minus the timeline is the same for every epoch of one history, so
+ * the new timeline's first epoch is in a greater band than every epoch the
+ * old primary started after the branch -- which a lagging asynchronous
+ * standby never saw, however many there were.  A timeline that goes down,
+ * as it does where pg_dump's output is restored into another cluster or
+ * after pg_upgrade, leaves the band as it is.  Within a band the serial
+ * orders epochs.  The serial never starts over: it allows 4 million
+ * epochs -- crashes, or 32 million tokens each, 10^14 tokens in all --
+ * and 65535 bands hold the days until 2199 and the timelines on top.
  *
  * pg_dump carries the epoch, not the count: a restored database starts a
- * new epoch, above every dumped one (the two could be caught out of step).
+ * new epoch, above every dumped one.
  *
- * A count below 2^32 therefore means "no epoch since the last crash".  The
- * first backend to see it, under a lock on idem_token_epoch, takes the next
- * epoch -- greater than every earlier one, and durable -- and moves the
- * count to epoch << 32; a count nearing the end of its epoch does the same.
- * That is one flush per crash or per four billion tokens.  Values drawn
- * while that happens are discarded, never used: tokens need not be dense.
- * A new epoch starts by parking the count at its minimum, -2^63, so draws
- * made while it waits stay unusable; between the draw that crosses
- * TOKEN_COUNT_LIMIT and the parking, each backend draws at most twice: the
- * 2^24 values to spare cannot run out.
+ * The first epoch of an installation starts from the clock: band = days,
+ * serial = seconds of the day since 2020-01-01 UTC.  DROP EXTENSION takes
+ * the epoch sequence with it, and the next CREATE EXTENSION starts over; the
+ * clock carries the order across (README, "Reinstalling", gives the exact
+ * limit).  A value not written by a timeline epoch -- a new installation's,
+ * or version 1.2's epoch number, updated or restored from a dump -- is
+ * such a start, above every token of that version.
  *
- * An epoch is also never below the clock: the number of seconds since
- * 2020-01-01 when it starts.  DROP EXTENSION takes the epoch sequence with
- * it, and the next CREATE EXTENSION starts over; the clock carries the order
- * across.  Tokens of a reinstalled extension are greater than the old ones
- * as long as the old installation's epochs did not run ahead of the clock
- * and the clock was not set back.  An epoch starts once per crash, restore
- * or four billion tokens, and a crash moves the epoch up to 33 ahead (a
- * sequence logs 32 values in advance): so, on average since 2020, fewer than
- * one crash per 33 seconds.
- *
+ * Version 1.2's idem_token_epoch cannot hold a timeline: served by this
+ * library, its tokens stay epoch << 32 | count, the epoch from nextval().
  * Versions before 1.2 have a logged idem_token_seq and no epochs: there a
  * claim's commit is made synchronous, which flushes the sequence's WAL.
  *
@@ -50,9 +69,11 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "access/relation.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/pg_sequence.h"
 #include "commands/sequence.h"
 #include "miscadmin.h"
 #include "replication/syncrep.h"
@@ -62,50 +83,76 @@
 #include "storage/latch.h"
 #include "storage/lmgr.h"
 #include "utils/fmgrprotos.h"
-#include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "pgstat.h"
 
 #include "idempotency.h"
 
-#define TOKEN_COUNT_BITS	32
-#define TOKEN_COUNT_MASK	((INT64CONST(1) << TOKEN_COUNT_BITS) - 1)
-#define TOKEN_COUNT_LIMIT	(TOKEN_COUNT_MASK - (INT64CONST(1) << 24))
-/* epoch << TOKEN_COUNT_BITS must stay within int8 */
-#define TOKEN_EPOCH_LIMIT	(INT64CONST(1) << (63 - TOKEN_COUNT_BITS))
+/* a token: epoch << COUNT_BITS | count */
+#define COUNT_BITS			25
+#define COUNT_BITS_V12		32	/* version 1.2's layout */
+#define COUNT_SPARE			(INT64CONST(1) << 20)
+
+/* an epoch: band << SERIAL_BITS | serial; idem_token_epoch adds the timeline */
+#define SERIAL_BITS			22
+#define BAND_BITS			16
+#define EPOCH_BITS			(BAND_BITS + SERIAL_BITS)
+#define FIELD_MAX(bits)		((INT64CONST(1) << (bits)) - 1)
+#define TIMELINE_MAX		FIELD_MAX(63 - EPOCH_BITS)
+
 /* 2020-01-01 00:00 UTC in seconds since the PostgreSQL epoch, 2000-01-01 */
-#define EPOCH_CLOCK_ORIGIN	(INT64CONST(7305) * SECS_PER_DAY)
+#define CLOCK_ORIGIN		(INT64CONST(7305) * SECS_PER_DAY)
+
+StaticAssertDecl(COUNT_BITS + EPOCH_BITS == 63, "a token is a positive int8");
 
 static inline bool
-token_in_epoch(int64 value)
+token_in_epoch(int64 value, int count_bits)
 {
-	return (value >> TOKEN_COUNT_BITS) > 0 &&
-		(value & TOKEN_COUNT_MASK) < TOKEN_COUNT_LIMIT;
+	return (value >> count_bits) > 0 &&
+		(value & FIELD_MAX(count_bits)) < FIELD_MAX(count_bits) - COUNT_SPARE;
 }
 
-/* The lowest epoch the clock allows now */
+/*
+ * How tokens are laid out in this installation: version 1.2's
+ * idem_token_epoch has a maximum that leaves no room for a timeline.
+ */
+static int
+count_bits(IdemStore *store)
+{
+	HeapTuple	tup = SearchSysCache1(SEQRELID, ObjectIdGetDatum(store->epoch_seq));
+	int64		seqmax;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "idempotency: cache lookup failed for sequence %u",
+			 store->epoch_seq);
+	seqmax = ((Form_pg_sequence) GETSTRUCT(tup))->seqmax;
+	ReleaseSysCache(tup);
+	return seqmax > PG_INT32_MAX ? COUNT_BITS : COUNT_BITS_V12;
+}
+
+/*
+ * A sequence's last value (whether or not nextval has been called since it
+ * was set), and the LSN of its newest WAL record: its page's LSN.
+ */
 static int64
-epoch_clock_floor(void)
-{
-	int64		secs = GetCurrentTimestamp() / USECS_PER_SEC - EPOCH_CLOCK_ORIGIN;
-
-	return Max(secs, 1);
-}
-
-/* The LSN of the newest WAL record of a sequence: its page's LSN */
-static XLogRecPtr
-sequence_lsn(Oid seqid)
+read_sequence(Oid seqid, XLogRecPtr *lsn)
 {
 	Relation	seq = relation_open(seqid, AccessShareLock);
 	Buffer		buf = ReadBuffer(seq, 0);
-	XLogRecPtr	lsn;
+	Page		page;
+	HeapTupleHeader tup;
+	int64		value;
 
 	LockBuffer(buf, BUFFER_LOCK_SHARE);
-	lsn = PageGetLSN(BufferGetPage(buf));
+	page = BufferGetPage(buf);
+	tup = (HeapTupleHeader) PageGetItem(page, PageGetItemId(page, FirstOffsetNumber));
+	value = ((Form_pg_sequence_data) ((char *) tup + tup->t_hoff))->last_value;
+	*lsn = PageGetLSN(page);
 	UnlockReleaseBuffer(buf);
 	relation_close(seq, NoLock);
-	return lsn;
+	return value;
 }
 
 /* setval(seqid, value, is_called) as the sequence's owner */
@@ -164,15 +211,66 @@ wait_for_sync_standbys(XLogRecPtr lsn)
 	}
 }
 
+static void
+epochs_exhausted(const char *what)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
+			 errmsg("idempotency token epochs are exhausted"),
+			 errdetail("The %s has reached its limit.", what)));
+}
+
 /*
- * Take the next epoch, make it durable, and move the count to its start.
+ * The epoch after the one idem_token_epoch holds, recorded there with the
+ * current timeline.
+ */
+static int64
+next_epoch(Oid seqid)
+{
+	XLogRecPtr	lsn;
+	int64		last = read_sequence(seqid, &lsn);
+	int64		last_timeline = last >> EPOCH_BITS;
+	int64		band = (last >> SERIAL_BITS) & FIELD_MAX(BAND_BITS);
+	int64		serial = last & FIELD_MAX(SERIAL_BITS);
+	int64		timeline = GetWALInsertionTimeLine();
+
+	if (last_timeline == 0)
+	{
+		/*
+		 * The installation's first epoch: from the clock, and above every
+		 * token of version 1.2 if last is its epoch number (its tokens are
+		 * below (last + 1) << 32).  The band goes up by the timeline below.
+		 */
+		int64		secs = GetCurrentTimestamp() / USECS_PER_SEC - CLOCK_ORIGIN;
+
+		secs = Max(secs, 0);
+		band = Max(secs / SECS_PER_DAY,
+				   ((last + 1) >> (COUNT_BITS + SERIAL_BITS - COUNT_BITS_V12)) + 1);
+		serial = secs % SECS_PER_DAY;
+	}
+	if (timeline > last_timeline)
+		band += timeline - last_timeline;
+	serial++;
+
+	if (timeline > TIMELINE_MAX)
+		epochs_exhausted("timeline");
+	if (band > FIELD_MAX(BAND_BITS))
+		epochs_exhausted("band, counting days since 2020 and timelines,");
+	if (serial > FIELD_MAX(SERIAL_BITS))
+		epochs_exhausted("number of epochs");
+
+	set_sequence(seqid, timeline << EPOCH_BITS | band << SERIAL_BITS | serial, true);
+	return band << SERIAL_BITS | serial;
+}
+
+/*
+ * Start the next epoch, make it durable, and move the count to its start.
  * The caller holds the epoch lock.
  */
 static void
-start_epoch(IdemStore *store)
+start_epoch(IdemStore *store, int bits)
 {
 	int64		epoch;
-	int64		floor;
 	XLogRecPtr	lsn;
 
 	/*
@@ -182,30 +280,24 @@ start_epoch(IdemStore *store)
 	 */
 	set_sequence(store->token_seq, PG_INT64_MIN, false);
 
-	epoch = nextval_internal(store->epoch_seq, false);
-	floor = epoch_clock_floor();
-	if (epoch < floor)
-	{
-		set_sequence(store->epoch_seq, floor, true);
-		epoch = floor;
-	}
-	if (epoch >= TOKEN_EPOCH_LIMIT)
-		ereport(ERROR,
-				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
-				 errmsg("idempotency token epochs are exhausted")));
+	if (bits == COUNT_BITS)
+		epoch = next_epoch(store->epoch_seq);
+	else
+		epoch = nextval_internal(store->epoch_seq, false);
 
 	/* the WAL that covers this epoch; done at once if nextval did not log */
-	lsn = sequence_lsn(store->epoch_seq);
+	(void) read_sequence(store->epoch_seq, &lsn);
 	XLogFlush(lsn);
 	wait_for_sync_standbys(lsn);
 
-	set_sequence(store->token_seq, epoch << TOKEN_COUNT_BITS, true);
+	set_sequence(store->token_seq, epoch << bits, true);
 }
 
 int64
 idem_next_token(IdemStore *store)
 {
 	int64		value;
+	int			bits;
 
 	if (!OidIsValid(store->epoch_seq))
 	{
@@ -226,16 +318,19 @@ idem_next_token(IdemStore *store)
 
 	for (;;)
 	{
+		/* the layout after the draw: an update to 1.3 cannot come between */
 		value = nextval_internal(store->token_seq, false);
-		if (token_in_epoch(value))
+		bits = count_bits(store);
+		if (token_in_epoch(value, bits))
 			return value;
 
 		LockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
 		value = nextval_internal(store->token_seq, false);
-		if (!token_in_epoch(value))
-			start_epoch(store);
+		bits = count_bits(store);
+		if (!token_in_epoch(value, bits))
+			start_epoch(store, bits);
 		UnlockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
-		if (token_in_epoch(value))
+		if (token_in_epoch(value, bits))
 			return value;
 	}
 }

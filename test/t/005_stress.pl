@@ -156,7 +156,7 @@ my $counts = $node->safe_psql('postgres', qq{
 	       (SELECT count(*) FROM $records r WHERE completed_at IS NULL),
 	       (SELECT count(*) FROM effect),
 	       (SELECT count(DISTINCT key) FROM effect),
-	       (SELECT last_value & 4294967295 FROM idem_token_seq)});    # this epoch's count
+	       (SELECT last_value & 33554431 FROM idem_token_seq)});    # this epoch's count
 my ($completed, $pending, $effects, $effect_keys, $tokens) = split /\|/, $counts;
 
 # transactions and the slowest one, from pgbench's per-transaction logs:

@@ -1,13 +1,15 @@
 
 # Copyright (c) 2024, idempotency authors
 #
-# Fencing tokens are epoch << 32 | count (src/storage.c): the count comes
+# Fencing tokens are epoch << 25 | count (src/tokens.c): the count comes
 # from the unlogged idem_token_seq, which crash recovery resets; the epoch
-# from the logged idem_token_epoch, flushed (and sent to synchronous
-# standbys) before the epoch's first token is used.  An epoch is
-# max(nextval of idem_token_epoch, seconds since 2020-01-01 UTC when it
-# starts): about 2.2e8 on a fresh database, and each one greater than the
-# one before.
+# is recorded in the logged idem_token_epoch (timeline << 38 | epoch),
+# flushed (and sent to synchronous standbys) before the epoch's first token
+# is used.  An epoch is band << 22 | serial: the next epoch is the serial
+# plus one, in the same band on the same timeline.  The first one of an
+# installation starts from the clock: band = days since 2020-01-01 UTC
+# plus the timeline, serial = seconds of the day plus one.
+# 450_timeline_fencing tests the bands across timelines.
 #
 # 1. Crash: the first claim after it starts a greater epoch, so every token
 #    after the crash is greater than every token before -- including the
@@ -17,7 +19,7 @@
 #    and the next epoch is greater still.
 # 2. The count reaching the end of its epoch while eight sessions claim at
 #    once: distinct tokens, each session's increasing, none past the limit,
-#    and the next epoch greater than the old one and not below the clock.
+#    and the next epoch the old one plus one.
 # 3. A database still on 1.1 (logged token sequence, no epochs) on this
 #    library: its tokens too stay greater across a crash, and a pre-crash
 #    worker's late finish is fenced off.  Then, with tokens past 2^32, the
@@ -31,7 +33,7 @@
 #    no token, without the WARNING that the transaction "has already
 #    committed locally" (issue "A misleading warning"); after a fail-over to
 #    that standby, new tokens are greater than every token of the old
-#    primary.
+#    primary: in the next band, the new timeline's.
 
 use strict;
 use warnings;
@@ -45,7 +47,7 @@ use lib $FindBin::RealBin;
 use IdemTest;
 
 my ($ret, $stdout, $stderr);
-my $COUNT_LIMIT = 4294967295 - 16777216;    # TOKEN_COUNT_LIMIT in storage.c
+my $COUNT_LIMIT = 33554431 - 1048576;    # FIELD_MAX(COUNT_BITS) - COUNT_SPARE in tokens.c
 
 my $node = PostgreSQL::Test::Cluster->new('epochs');
 $node->init;
@@ -61,32 +63,51 @@ sub claim_token
 		SELECT token FROM idem_begin('$op', '$key', NULL$extra)});
 }
 
-sub epoch_of { return $_[0] >> 32; }
+sub epoch_of { return $_[0] >> 25; }
+sub band_of  { return $_[0] >> 22; }     # of an epoch
+sub serial_of { return $_[0] & 4194303; }    # of an epoch
 
-# The lowest epoch the clock allows now, as the extension counts it
-# (seconds since 2020-01-01 UTC), less a margin for rounding: an epoch
-# started after this call is at least this.
-sub clock_floor
+# The clock as the first epoch of an installation reads it: days and
+# seconds of the day since 2020-01-01 UTC.
+sub clock_now
 {
 	my ($n) = @_;
-	return $n->safe_psql('postgres',
-		q{SELECT extract(epoch FROM now() - '2020-01-01 UTC')::int8 - 2});
+	return split /\|/, $n->safe_psql('postgres', q{
+		SELECT s / 86400 || '|' || s % 86400
+		  FROM (SELECT floor(extract(epoch FROM now() - '2020-01-01 UTC'))::int8 AS s) c});
 }
 
-# An epoch started between two clock_floor() calls: at least the clock at
-# its start, greater than the epoch before it, and no greater than either
-# needs (the epoch is not sent far ahead).  The sequence's next value may
-# be up to 32 past the epoch before: nextval() WAL-logs 32 values ahead,
-# and a crash resumes from what it logged.
+# The first epoch of an installation, started between the clock_now() call
+# that returned ($day, $second) and now, on timeline 1.
+sub check_first_epoch
+{
+	my ($n, $epoch, $day, $second, $name) = @_;
+	my ($day_after, $second_after) = clock_now($n);
+	$second_after += 86400 * ($day_after - $day);
+	cmp_ok(band_of($epoch) - 1, '>=', $day, "$name: band from the day ($day) and timeline 1");
+	cmp_ok(band_of($epoch) - 1, '<=', $day_after, "$name: ... not later than today");
+	cmp_ok(serial_of($epoch) - 1, '>=', $second, "$name: serial from the seconds of the day ($second)");
+	cmp_ok(serial_of($epoch) - 1, '<=', $second_after, "$name: ... not later than now");
+	return;
+}
+
+# An epoch started after the epoch $prev, on the same timeline: the next
+# serial in the same band -- exactly: nothing is logged ahead, and a crash
+# resumes from the epoch recorded last.
 sub check_epoch
 {
-	my ($n, $epoch, $prev, $floor_before, $name) = @_;
-	my $floor_after = clock_floor($n) + 4;
-	my $max = $prev + 33 > $floor_after ? $prev + 33 : $floor_after;
-	cmp_ok($epoch, '>', $prev, "$name: greater than the epoch before ($prev)");
-	cmp_ok($epoch, '>=', $floor_before, "$name: not below the clock ($floor_before)");
-	cmp_ok($epoch, '<=', $max, "$name: but no more than the clock or the epoch before need ($max)");
+	my ($epoch, $prev, $name) = @_;
+	is(band_of($epoch), band_of($prev), "$name: in the same band");
+	is(serial_of($epoch), serial_of($prev) + 1, "$name: the next serial");
 	return;
+}
+
+# idem_token_epoch: the timeline and the epoch recorded last
+sub recorded_epoch
+{
+	my ($n) = @_;
+	return $n->safe_psql('postgres', q{
+		SELECT (last_value >> 38) || '|' || (last_value & 274877906943) FROM idem_token_epoch});
 }
 
 # Freeze the WAL writer and the background writer (SIGSTOP), so that WAL
@@ -106,13 +127,13 @@ sub hold_wal_writers
 
 # ========== 1. crashes ==========
 
-my $floor = clock_floor($node);
-cmp_ok($floor, '>', 150_000_000, "the clock floor is seconds since 2020: $floor");
+my ($day, $second) = clock_now($node);
+cmp_ok($day, '>', 2000, "days since 2020: $day");
 my $t1 = claim_token('postgres', 'c', 'before', q{lease => '1h'});
-check_epoch($node, epoch_of($t1), 0, $floor, 'the first token starts an epoch from the clock, ' . epoch_of($t1));
-is($t1 & 0xFFFFFFFF, 1, 'with count 1');
-is($node->safe_psql('postgres', 'SELECT last_value FROM idem_token_epoch'),
-	epoch_of($t1), 'idem_token_epoch holds that epoch');
+check_first_epoch($node, epoch_of($t1), $day, $second,
+	'the first token starts an epoch from the clock, ' . epoch_of($t1));
+is($t1 & 33554431, 1, 'with count 1');
+is(recorded_epoch($node), '1|' . epoch_of($t1), 'idem_token_epoch holds that epoch, on timeline 1');
 
 # a claim left uncommitted at the crash: its client has seen the token
 my $open = $node->background_psql('postgres', on_error_stop => 0);
@@ -123,9 +144,8 @@ $node->stop('immediate');
 $open->quit;
 $node->start;
 
-$floor = clock_floor($node);
 my $t2 = claim_token('postgres', 'c', 'open', q{in_flight => 'raise'});
-check_epoch($node, epoch_of($t2), epoch_of($t_open), $floor, 'after the crash, a new epoch ' . epoch_of($t2));
+check_epoch(epoch_of($t2), epoch_of($t_open), 'after the crash, a new epoch ' . epoch_of($t2));
 cmp_ok($t2, '>', $t_open, 'the key open at the crash gets a greater token');
 cmp_ok(claim_token('postgres', 'c', 'before', q{in_flight => 'raise'}), '>', $t2,
 	'and the next claim a greater one still');
@@ -135,18 +155,16 @@ cmp_ok(claim_token('postgres', 'c', 'before', q{in_flight => 'raise'}), '>', $t2
 $node->stop('immediate');
 $node->start;
 hold_wal_writers();
-$floor = clock_floor($node);
 my $t_rolled_back = $node->safe_psql('postgres', q{
 	BEGIN;
 	SELECT token FROM idem_begin('c', 'rolled-back', NULL);
 	ROLLBACK;});
-check_epoch($node, epoch_of($t_rolled_back), epoch_of($t2), $floor,
+check_epoch(epoch_of($t_rolled_back), epoch_of($t2),
 	"the first claim after the second crash started epoch " . epoch_of($t_rolled_back) . ' and rolled back');
 $node->stop('immediate');
 $node->start;
-$floor = clock_floor($node);
 my $t3 = claim_token('postgres', 'c', 'rolled-back');
-check_epoch($node, epoch_of($t3), epoch_of($t_rolled_back), $floor,
+check_epoch(epoch_of($t3), epoch_of($t_rolled_back),
 	'after a third crash the epoch is greater still: ' . epoch_of($t3));
 cmp_ok($t3, '>', $t_rolled_back, 'as is the token of the key that rolled back');
 
@@ -154,13 +172,12 @@ cmp_ok($t3, '>', $t_rolled_back, 'as is the token of the key that rolled back');
 
 my $epoch = epoch_of($t3);
 $node->safe_psql('postgres', q{SELECT setval('idem_token_seq', } .
-	(($epoch << 32) + $COUNT_LIMIT - 40) . ')');
+	(($epoch << 25) + $COUNT_LIMIT - 40) . ')');
 my $script = $node->basedir . '/roll.sql';
 PostgreSQL::Test::Utils::append_to_file($script, q{
 \set n :n + 1
 SELECT idem_begin('roll', :client_id || '-' || :n, NULL);
 });
-$floor = clock_floor($node);
 $node->command_ok(
 	[ 'pgbench', '-n', '-c', '8', '-j', '2', '-t', '25', '-D', 'n=0', '-f', $script,
 		$node->connstr('postgres') ],
@@ -169,15 +186,15 @@ is( $node->safe_psql('postgres', q{
 		SELECT count(*) || '|' || count(DISTINCT token) FROM idem_record WHERE operation = 'roll'}),
 	'200|200', '200 claims, 200 distinct tokens');
 my @roll_epochs = split /,/, $node->safe_psql('postgres', qq{
-		SELECT string_agg(DISTINCT (token >> 32)::text, ',' ORDER BY (token >> 32)::text)
+		SELECT string_agg(DISTINCT (token >> 25)::text, ',' ORDER BY (token >> 25)::text)
 		  FROM idem_record WHERE operation = 'roll'});
 is(scalar @roll_epochs, 2, 'in two epochs: ' . join(', ', @roll_epochs));
 is($roll_epochs[0], $epoch, 'the old epoch');
 my $next_epoch = $roll_epochs[1] // 0;
-check_epoch($node, $next_epoch, $epoch, $floor, "and the next one, $next_epoch");
+check_epoch($next_epoch, $epoch, "and the next one, $next_epoch");
 is( $node->safe_psql('postgres', qq{
 		SELECT count(*) FROM idem_record
-		 WHERE operation = 'roll' AND token & 4294967295 >= $COUNT_LIMIT}),
+		 WHERE operation = 'roll' AND token & 33554431 >= $COUNT_LIMIT}),
 	'0', 'no token counted past the limit');
 is( $node->safe_psql('postgres', q{
 		SELECT count(*) FROM (
@@ -186,8 +203,7 @@ is( $node->safe_psql('postgres', q{
 		    FROM idem_record WHERE operation = 'roll') s
 		 WHERE back}),
 	'0', "each session's tokens increase");
-is($node->safe_psql('postgres', 'SELECT last_value FROM idem_token_epoch'),
-	$next_epoch, 'idem_token_epoch holds the new epoch: one epoch started, not more');
+is(recorded_epoch($node), "1|$next_epoch", 'idem_token_epoch holds the new epoch: one epoch started, not more');
 
 # ========== 3. a database still on 1.1 ==========
 
@@ -239,14 +255,13 @@ $standby->init_from_backup($primary, 'b', has_streaming => 1);
 $standby->append_conf('postgresql.conf', "synchronous_standby_names = ''\n");
 $standby->start;
 $primary->safe_psql('postgres', 'CREATE EXTENSION idempotency');
-$floor = clock_floor($primary);
+($day, $second) = clock_now($primary);
 my $s1 = $primary->safe_psql('postgres', q{SELECT token FROM idem_begin('s', 'k1', NULL)});
-check_epoch($primary, epoch_of($s1), 0, $floor, 'primary: the first epoch ' . epoch_of($s1));
+check_first_epoch($primary, epoch_of($s1), $day, $second, 'primary: the first epoch ' . epoch_of($s1));
 
 $standby->stop;
 $primary->stop('immediate');
 $primary->start;
-$floor = clock_floor($primary);
 
 # a wait cut short is an error, and hands out no token
 ($ret, $stdout, $stderr) = $primary->psql('postgres', q{
@@ -301,8 +316,11 @@ cmp_ok($primary->safe_psql('postgres', 'SELECT last_value FROM idem_token_seq'),
 $standby->start;
 my ($s2, $state, $s2err) = wait_sql($session);
 is($state, '00000', 'the standby back, the claim returns');
-cmp_ok(epoch_of($s2), '>', epoch_of($s1), "with a greater epoch: $s2");
-cmp_ok(epoch_of($s2), '>=', $floor, 'not below the clock');
+# each wait cut short above had recorded its epoch before waiting: unused,
+# never handed out, but skipped
+is(band_of(epoch_of($s2)), band_of(epoch_of($s1)), "with a greater epoch, $s2: in the same band");
+is(serial_of(epoch_of($s2)), serial_of(epoch_of($s1)) + 3,
+	'... the third serial after it: the two waits cut short took one each');
 unlike($s2err, qr/WARNING/, 'and no WARNING');
 run_sql($session, 'COMMIT;');
 $session->quit;
@@ -312,6 +330,9 @@ $primary->stop('immediate');
 $standby->promote;
 my $s4 = $standby->safe_psql('postgres', q{SELECT token FROM idem_begin('s', 'k4', NULL)});
 cmp_ok($s4, '>', $s_max, 'after a fail-over, new tokens are greater than the old primary\'s');
+is(band_of(epoch_of($s4)), band_of(epoch_of($s_max)) + 1, '... in the next band');
+is(serial_of(epoch_of($s4)), serial_of(epoch_of($s_max)) + 1, '... with the next serial');
+like(recorded_epoch($standby), qr/^2\|/, 'recorded on timeline 2');
 $standby->stop;
 
 done_testing();

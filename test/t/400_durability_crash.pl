@@ -250,9 +250,9 @@ ok(!grep({ !$_->{run}->pumpable } @bench1), 'all six loads are still running at 
 my %max_token_before;
 for my $mode (@modes)
 {
-	# the epoch in use: every token of it is below (epoch + 1) << 32
+	# the epoch in use: every token of it is below (epoch + 1) << 25
 	$max_token_before{$mode} = sql($mode, q{
-		SELECT ((last_value >> 32) + 1) << 32 FROM idem_token_seq});
+		SELECT ((last_value >> 25) + 1) << 25 FROM idem_token_seq});
 }
 $node->stop('immediate');
 for my $h (@bench1)

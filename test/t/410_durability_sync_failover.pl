@@ -214,7 +214,7 @@ ok( $primary->poll_query_until('postgres', q{
 	'primary: the loads are under way');
 ok(!grep({ !$_->{run}->pumpable } @bench1), 'both loads are still running at the fail-over');
 # the epoch the old primary is in: every token it issued is below this
-my $bound = $primary->safe_psql('postgres', q{SELECT ((last_value >> 32) + 1) << 32 FROM idem_token_seq});
+my $bound = $primary->safe_psql('postgres', q{SELECT ((last_value >> 25) + 1) << 25 FROM idem_token_seq});
 my $max_token_seen = $primary->safe_psql('postgres', 'SELECT max(token) FROM effect');
 $primary->stop('immediate');
 for my $h (@bench1)
