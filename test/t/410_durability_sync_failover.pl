@@ -28,7 +28,7 @@
 #     no ext key finished before the fail-over gets a second effect;
 #   - new tokens are greater than every token the old primary issued (all
 #     of them were of the epoch the old primary was in: below
-#     (epoch + 1) << 32).
+#     (epoch + 1) << 25).
 
 use strict;
 use warnings;
