@@ -52,13 +52,14 @@
  * pg_dump carries the epoch, not the count: a restored database starts a
  * new epoch, above every dumped one.
  *
- * The first epoch of an installation starts from the clock: band = days,
- * serial = seconds of the day since 2020-01-01 UTC.  DROP EXTENSION takes
- * the epoch sequence with it, and the next CREATE EXTENSION starts over; the
- * clock carries the order across (README, "Reinstalling", gives the exact
- * limit).  A value not written by a timeline epoch -- a new installation's,
- * or version 1.2's epoch number, updated or restored from a dump -- is
- * such a start, above every token of that version.
+ * The first epoch of an installation starts from the clock: band = days
+ * since 2020-01-01 UTC (plus the timeline, as above), serial = the second of
+ * that day.  DROP EXTENSION takes the epoch sequence with it, and the next
+ * CREATE EXTENSION starts over; the clock carries the order across (README,
+ * "Reinstalling", gives the exact limit).  A value not written by a
+ * timeline epoch (timeline 0) -- a new installation's, or version 1.2's
+ * epoch number, updated or restored from a dump -- is such a start, above
+ * every token of that version.
  *
  * Version 1.2's idem_token_epoch cannot hold a timeline: served by this
  * library, its tokens stay epoch << 32 | count, the epoch from nextval().
