@@ -20,11 +20,15 @@
 # 2. The count reaching the end of its epoch while eight sessions claim at
 #    once: distinct tokens, each session's increasing, none past the limit,
 #    and the next epoch the old one plus one.
+# 2b. No serial left: 2200H, no token, no record.
 # 3. A database still on 1.1 (logged token sequence, no epochs) on this
 #    library: its tokens too stay greater across a crash, and a pre-crash
 #    worker's late finish is fenced off.  Then, with tokens past 2^32, the
 #    update to 1.2 and on to 1.3: tokens stay greater across it and across
 #    the next crash.
+# 3b. A database on 1.2 with a large epoch number: 1.2's tokens from this
+#    library, then the update: the first 1.3 epoch is above them, its band
+#    from the epoch number where that is above the clock's.
 # 4. A synchronous standby: with it down, the first claim after a crash
 #    waits for it (polling: wait event type Extension, not SyncRep) before
 #    it returns a token -- also in a session with synchronous_commit =
@@ -205,6 +209,30 @@ is( $node->safe_psql('postgres', q{
 	'0', "each session's tokens increase");
 is(recorded_epoch($node), "1|$next_epoch", 'idem_token_epoch holds the new epoch: one epoch started, not more');
 
+# ========== 2b. no epoch left ==========
+
+# idem_token_epoch at the last serial: the next epoch cannot start.  Claims
+# fail with 2200H, hand out no token, leave no record, and the epoch
+# recorded stays as it is.
+my $saved_epoch = $node->safe_psql('postgres', 'SELECT last_value FROM idem_token_epoch');
+my $full = (1 << 38) | (band_of($next_epoch) << 22) | 4194303;
+$node->safe_psql('postgres', qq{
+	SELECT setval('idem_token_epoch', $full);
+	SELECT setval('idem_token_seq', 1, false);});
+($ret, $stdout, $stderr) = $node->psql('postgres',
+	q{SELECT token FROM idem_begin('x', 'exhausted', NULL)},
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($stderr, qr/ERROR:  2200H: idempotency token epochs are exhausted/,
+	'the serial at its limit: 2200H');
+like($stderr, qr/DETAIL:  The number of epochs has reached its limit\./, '... saying which limit');
+is($node->safe_psql('postgres', qq{
+		SELECT (SELECT count(*) FROM $IDEM_RECORDS r WHERE key = 'exhausted') || '|' ||
+		       (SELECT last_value FROM idem_token_epoch)}),
+	"0|$full", 'no record, and the epoch recorded unchanged');
+$node->safe_psql('postgres', "SELECT setval('idem_token_epoch', $saved_epoch)");
+my $t_after = claim_token('postgres', 'x', 'exhausted');
+check_epoch(epoch_of($t_after), $next_epoch, 'room again: the next claim starts the epoch after ' . $next_epoch);
+
 # ========== 3. a database still on 1.1 ==========
 
 $node->safe_psql('postgres', 'CREATE DATABASE legacy');
@@ -240,6 +268,27 @@ $node->stop('immediate');
 $node->start;
 cmp_ok(claim_token('legacy', 'l', 'after-update-crash'), '>', $t_updated,
 	'and across the first crash after it');
+
+# ========== 3b. a database on 1.2 with a large epoch number ==========
+
+# Version 1.2 served by this library: tokens epoch << 32 | count, the epoch
+# from nextval().  Its tokens are below (epoch + 1) << 32; here that is
+# above the clock's band << 47, so the first epoch after the update to 1.3
+# takes its band from the 1.2 epoch number instead: ((last + 1) >> 15) + 1,
+# plus the timeline.
+$node->safe_psql('postgres', 'CREATE DATABASE v12');
+$node->safe_psql('v12', q{CREATE EXTENSION idempotency VERSION '1.2'});
+my $e12 = 100_000_000;
+$node->safe_psql('v12', "SELECT setval('idem_token_epoch', $e12)");
+$node->safe_psql('v12', "SELECT setval('idem_token_seq', 1, false)");
+my $t12 = claim_token('v12', 'v', 'k1');
+is($t12, (($e12 + 1) << 32) + 1, "1.2: the next epoch from nextval, epoch << 32 | count: $t12");
+$node->safe_psql('v12', 'ALTER EXTENSION idempotency UPDATE');
+my $t13 = claim_token('v12', 'v', 'k2');
+cmp_ok($t13, '>', (($e12 + 2) << 32), "1.3: above every token 1.2 could have handed out: $t13");
+is(band_of(epoch_of($t13)), ((($e12 + 2) >> 15) + 1) + 1,
+	'... in the band above the 1.2 epoch number, plus timeline 1 (the day is lower)');
+is($t13 & 33554431, 1, '... the first token of its epoch');
 $node->stop;
 
 # ========== 4. a synchronous standby ==========

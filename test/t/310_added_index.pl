@@ -76,16 +76,17 @@ for my $table (@tables)
 		my ($index, $cond) = @$t;
 		for my $scan ('Index Scan', 'Index Only Scan', 'Bitmap Heap Scan')
 		{
+			# Each plan wins by being the only one not disabled.  An
+			# index-only scan is disabled by enable_indexscan = off too, so
+			# it is left to win over a plain index scan on its own: with the
+			# pages all-visible (VACUUM just before) it is the cheaper.
 			my $set = 'SET enable_seqscan = off; '
 			  . ($scan eq 'Index Scan' ? 'SET enable_indexonlyscan = off; SET enable_bitmapscan = off;'
-				: $scan eq 'Index Only Scan' ? 'SET enable_indexscan = off; SET enable_bitmapscan = off;'
+				: $scan eq 'Index Only Scan' ? 'SET enable_bitmapscan = off;'
 				: 'SET enable_indexscan = off; SET enable_indexonlyscan = off;');
 			my $col = $index =~ /_token$/ ? 'token' : 'expires_at';
 			my $sel = "SELECT count($col) FROM $table WHERE $cond";
-			# VACUUM first: on PostgreSQL 15 enable_indexscan = off also
-			# penalizes an index-only scan, which then wins over the
-			# (penalized) sequential scan only with the pages all-visible
-			like($node->safe_psql('postgres', "VACUUM (ANALYZE) $table; $set EXPLAIN $sel"),
+			like($node->safe_psql('postgres', "VACUUM $table; $set EXPLAIN $sel"),
 				qr/\Q$index\E/, "$index: the $scan plan uses it");
 			is($node->safe_psql('postgres', "VACUUM $table; $set $sel"), $all,
 				"$index, $scan: finds every record");
