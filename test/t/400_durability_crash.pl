@@ -41,10 +41,13 @@
 use strict;
 use warnings;
 
-use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest qw(:DEFAULT :bench);
 
 my $nkeys = 2000;
 my @modes = qw(none completed all);
@@ -68,125 +71,10 @@ sub sql
 	return $node->safe_psql(db_of($mode), $sql);
 }
 
-# Run $sql; returns (sqlstate, stdout, stderr): 00000 on success
-sub try_sql
-{
-	my ($mode, $sql) = @_;
-	my ($rc, $out, $err) = $node->psql(db_of($mode), $sql,
-		extra_params => [ '-v', 'VERBOSITY=verbose' ],
-		on_error_stop => 1);
-	return ('00000', $out, $err) if $rc == 0;
-	my ($state) = $err =~ /(?:ERROR|FATAL|PANIC):\s+([0-9A-Z]{5}):/;
-	return ($state // "rc=$rc", $out, $err);
-}
-
-# every record of both tables, as a FROM item
-my $records = q{(SELECT operation, key, token, completed_at, response FROM idem_record
-	UNION ALL SELECT operation, key, token, completed_at, response FROM idem_result)};
-
-my %scripts = (
-	intx => qq{
-\\set k random(1, $nkeys)
-\\set r random(1, 10)
-BEGIN;
-SELECT (status = 'new')::int AS is_new, coalesce(token, 0) AS token,
-       coalesce(response->>'effect_id', '0') AS eid
-  FROM idem_begin('intx', 'intx-' || :k, idem_fingerprint(:k)) b \\gset
-\\if :is_new
-INSERT INTO effect (op, key, k, token, epoch) VALUES ('intx', 'intx-' || :k, :k, :token, :epoch)
-  RETURNING id AS new_eid \\gset
-SELECT idem_finish('intx', 'intx-' || :k, :token, jsonb_build_object('effect_id', :new_eid));
-\\if :r = 1
-ROLLBACK;
-\\else
-COMMIT;
-\\endif
-\\else
-SELECT 1 / count(*) FROM effect WHERE id = :eid AND op = 'intx' AND key = 'intx-' || :k;
-COMMIT;
-\\endif
-},
-	ext => qq{
-\\set k random(1, $nkeys)
-SELECT (status = 'new')::int AS is_new, coalesce(token, 0) AS token,
-       coalesce(response->>'effect_id', '0') AS eid
-  FROM idem_begin('ext', 'ext-' || :k, idem_fingerprint(:k), lease => '4 s') b \\gset
-\\if :is_new
-INSERT INTO effect (op, key, k, token, epoch) VALUES ('ext', 'ext-' || :k, :k, :token, :epoch)
-  RETURNING id AS new_eid \\gset
-SELECT idem_finish('ext', 'ext-' || :k, :token, jsonb_build_object('effect_id', :new_eid));
-INSERT INTO finished (op, key, eid, epoch) VALUES ('ext', 'ext-' || :k, :new_eid, :epoch);
-\\else
-SELECT 1 / count(*) FROM effect WHERE id = :eid AND op = 'ext' AND key = 'ext-' || :k;
-\\endif
-},
-);
+# the loads (IdemTest's start_bench and start_sweep): the options of their
+# scripts, and the pgbench clients of each shape
+my %load = (keys => $nkeys, lease => '4 s');
 my %clients = (intx => 3, ext => 2);
-for my $shape (keys %scripts)
-{
-	append_to_file($node->basedir . "/$shape.sql", $scripts{$shape});
-}
-
-# pgbench running $shape on $mode's database; output to files
-sub start_bench
-{
-	my ($mode, $shape, $epoch, $seconds) = @_;
-	my $base = $node->basedir . "/bench-$mode-$shape-$epoch";
-	my $h = { out => "$base.out", err => "$base.err", name => "$mode/$shape/epoch $epoch" };
-	$h->{run} = IPC::Run::start(
-		[ 'pgbench', '-n', '-c', $clients{$shape}, '-j', 1, '-T', $seconds,
-			'-D', "epoch=$epoch", '-f', $node->basedir . "/$shape.sql",
-			$node->connstr(db_of($mode)) ],
-		'>', $h->{out}, '2>', $h->{err});
-	return $h;
-}
-
-sub finish_bench
-{
-	my ($h) = @_;
-	eval { $h->{run}->finish; };
-	$h->{rc} = $h->{run}->result(0);
-	$h->{stdout} = slurp_file($h->{out});
-	$h->{stderr} = slurp_file($h->{err});
-	return $h;
-}
-
-# "status|token|response" of a claim of det's $key, or "ERROR sqlstate"
-sub claim
-{
-	my ($mode, $key, $extra) = @_;
-	$extra = defined $extra ? ", $extra" : '';
-	my ($st, $out, $err) = try_sql($mode, qq{
-		SELECT status || '|' || coalesce(token::text, '') || '|' || coalesce(response::text, '')
-		  FROM idem_begin('det', '$key', idem_fingerprint('$key')$extra) b});
-	return $st eq '00000' ? $out : "ERROR $st";
-}
-
-# One retry of every key 1..$nkeys of $shape, one after the other, with
-# psql (the loads' scripts without the random parts, always committing):
-# every key of the load is retried once.  Returns a handle.
-sub start_sweep
-{
-	my ($mode, $shape, $epoch) = @_;
-	my $body = $scripts{$shape};
-	$body =~ s/^\\set [kr] .*\n//mg;
-	$body =~ s/^\\if :r = 1\nROLLBACK;\n\\else\n(COMMIT;)\n\\endif\n/$1\n/m;
-	my $file = $node->basedir . "/sweep-$mode-$shape.sql";
-	append_to_file($file, join '', map { "\\set k $_\n$body" } 1 .. $nkeys);
-	my $h = { out => '', err => '', name => "$mode/$shape/sweep" };
-	$h->{run} = IPC::Run::start(
-		[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-v', "epoch=$epoch", '-f', $file,
-			'-o', '/dev/null', '-d', $node->connstr(db_of($mode)) ],
-		'>', \$h->{out}, '2>', \$h->{err});
-	return $h;
-}
-
-sub token_of
-{
-	my ($c) = @_;
-	my ($t) = $c =~ /^new\|(\d+)\|$/ or die "not a new claim: $c";
-	return $t;
-}
 
 # ---- set-up ----
 
@@ -209,7 +97,7 @@ for my $mode (@modes)
 	is(sql($mode, q{SELECT relpersistence FROM pg_class WHERE relname IN ('effect', 'finished')
 		GROUP BY 1}), 'p', "$mode: the side tables are logged");
 
-	my $t = token_of(claim($mode, 'det-done'));
+	my $t = token_of(claim($node, db_of($mode), 'det-done'));
 	sql($mode, qq{SELECT idem_finish('det', 'det-done', $t, '{"det": "done"}')});
 	$det{$mode}{done} = $t;
 	$det{$mode}{fx_id} = sql($mode, q{
@@ -220,8 +108,8 @@ for my $mode (@modes)
 		SELECT idem_finish('det', 'det-fx', :token, jsonb_build_object('effect_id', :fx_id)) \gset
 		COMMIT;
 		SELECT id FROM effect WHERE key = 'det-fx';});
-	$det{$mode}{pending} = token_of(claim($mode, 'det-pending', q{lease => '1 h'}));
-	is(claim($mode, 'det-done'), 'replay||{"det": "done"}', "$mode: det-done replays before the crash");
+	$det{$mode}{pending} = token_of(claim($node, db_of($mode), 'det-pending', q{lease => '1 h'}));
+	is(claim($node, db_of($mode), 'det-done'), 'replay||{"det": "done"}', "$mode: det-done replays before the crash");
 }
 # in 'completed' the finished records are in idem_result, the claim in idem_record
 is(sql('completed', q{
@@ -237,7 +125,8 @@ is(sql('completed', q{
 my @bench1;
 for my $mode (@modes)
 {
-	push @bench1, start_bench($mode, $_, 1, 120) for qw(intx ext);
+	push @bench1, map { start_bench($node, db_of($mode), %load, shape => $_, clients => $clients{$_},
+		epoch => 1, seconds => 120, name => "$mode/$_/epoch 1") } qw(intx ext);
 }
 for my $mode (@modes)
 {
@@ -296,11 +185,11 @@ for my $mode (@modes)
 	{
 		is(sql($mode, 'SELECT (SELECT count(*) FROM idem_record) + (SELECT count(*) FROM idem_result)'),
 			'0', 'none, after the crash: every record is gone (documented)');
-		like(claim($mode, 'det-done', q{in_flight => 'raise'}), qr/^new\|\d+\|$/,
+		like(claim($node, db_of($mode), 'det-done', q{in_flight => 'raise'}), qr/^new\|\d+\|$/,
 			'none: det-done is forgotten: new');
-		like(claim($mode, 'det-fx', q{in_flight => 'raise'}), qr/^new\|\d+\|$/,
+		like(claim($node, db_of($mode), 'det-fx', q{in_flight => 'raise'}), qr/^new\|\d+\|$/,
 			'none: det-fx is forgotten: new');
-		like(claim($mode, 'det-pending', q{in_flight => 'raise'}), qr/^new\|\d+\|$/,
+		like(claim($node, db_of($mode), 'det-pending', q{in_flight => 'raise'}), qr/^new\|\d+\|$/,
 			'none: det-pending is forgotten: new (no IK409)');
 		is($probe->($intx_from), "$n_intx|0|$n_intx",
 			"none: every in-transaction key finished before the crash ($n_intx) runs again");
@@ -309,16 +198,16 @@ for my $mode (@modes)
 	}
 	else
 	{
-		is(claim($mode, 'det-done'), 'replay||{"det": "done"}',
+		is(claim($node, db_of($mode), 'det-done'), 'replay||{"det": "done"}',
 			"$mode: det-done replays its response after the crash");
-		is(claim($mode, 'det-fx'), qq{replay||{"effect_id": $det{$mode}{fx_id}}},
+		is(claim($node, db_of($mode), 'det-fx'), qq{replay||{"effect_id": $det{$mode}{fx_id}}},
 			"$mode: det-fx replays its effect's id after the crash");
 		is($probe->($intx_from), "0|$n_intx|$n_intx",
 			"$mode: every in-transaction key finished before the crash ($n_intx) replays its response");
 		is($probe->($ext_from), "0|$n_ext|$n_ext",
 			"$mode: every external key finished before the crash ($n_ext) replays its response");
 		is(sql($mode, qq{
-			SELECT count(*) FROM $records r
+			SELECT count(*) FROM $IDEM_RECORDS r
 			 WHERE r.completed_at IS NOT NULL AND r.operation IN ('intx', 'ext')
 			   AND NOT EXISTS (SELECT 1 FROM effect e
 			                    WHERE e.op = r.operation AND e.key = r.key AND e.token = r.token
@@ -328,7 +217,7 @@ for my $mode (@modes)
 		{
 			is(sql($mode, q{SELECT count(*) FROM idem_record WHERE completed_at IS NOT NULL}),
 				'0', 'completed: no completed record in idem_record');
-			my ($st, $out, $err) = try_sql($mode, q{
+			my ($st, $out, $err) = try_sql($node, db_of($mode), q{
 				SELECT status FROM idem_begin('det', 'det-pending', idem_fingerprint('det-pending'),
 				                              in_flight => 'raise')});
 			is("$st|$out", '00000|new',
@@ -337,7 +226,7 @@ for my $mode (@modes)
 		}
 		else
 		{
-			my ($st, $out, $err) = try_sql($mode, q{
+			my ($st, $out, $err) = try_sql($node, db_of($mode), q{
 				SELECT status FROM idem_begin('det', 'det-pending', idem_fingerprint('det-pending'),
 				                              in_flight => 'raise')});
 			is($st, 'IK409', 'all: det-pending is still held after the crash (raise: IK409)')
@@ -351,7 +240,8 @@ for my $mode (@modes)
 my @bench2;
 for my $mode (@modes)
 {
-	push @bench2, start_bench($mode, $_, 2, 6) for qw(intx ext);
+	push @bench2, map { start_bench($node, db_of($mode), %load, shape => $_, clients => $clients{$_},
+		epoch => 2, seconds => 6, name => "$mode/$_/epoch 2") } qw(intx ext);
 }
 for my $h (@bench2)
 {
@@ -367,13 +257,14 @@ for my $h (@bench2)
 my @sweeps;
 for my $mode (@modes)
 {
-	push @sweeps, start_sweep($mode, $_, 3) for qw(intx ext);
+	push @sweeps, map { start_sweep($node, db_of($mode), %load, shape => $_, epoch => 3,
+		name => "$mode/$_/sweep") } qw(intx ext);
 }
 for my $h (@sweeps)
 {
-	eval { $h->{run}->finish; };
-	is($h->{run}->result(0), 0, "$h->{name}: a retry of every key ($nkeys) ran without an error")
-	  or diag($h->{err});
+	finish_bench($h);
+	is($h->{rc}, 0, "$h->{name}: a retry of every key ($nkeys) ran without an error")
+	  or diag($h->{stderr});
 }
 
 for my $mode (@modes)

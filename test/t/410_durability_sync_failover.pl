@@ -33,127 +33,20 @@
 use strict;
 use warnings;
 
-use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest qw(:DEFAULT :bench);
+
 my $nkeys = 2000;
 
-# ---- helpers ----
-
-# Run $sql; returns (sqlstate, stdout, stderr): 00000 on success
-sub try_sql
-{
-	my ($node, $sql) = @_;
-	my ($rc, $out, $err) = $node->psql('postgres', $sql,
-		extra_params => [ '-v', 'VERBOSITY=verbose' ],
-		on_error_stop => 1);
-	return ('00000', $out, $err) if $rc == 0;
-	my ($state) = $err =~ /(?:ERROR|FATAL|PANIC):\s+([0-9A-Z]{5}):/;
-	return ($state // "rc=$rc", $out, $err);
-}
-
-my $records = q{(SELECT operation, key, token, completed_at, response FROM idem_record
-	UNION ALL SELECT operation, key, token, completed_at, response FROM idem_result)};
-
-my %scripts = (
-	intx => qq{
-\\set k random(1, $nkeys)
-\\set r random(1, 10)
-BEGIN;
-SELECT (status = 'new')::int AS is_new, coalesce(token, 0) AS token,
-       coalesce(response->>'effect_id', '0') AS eid
-  FROM idem_begin('intx', 'intx-' || :k, idem_fingerprint(:k)) b \\gset
-\\if :is_new
-INSERT INTO effect (op, key, k, token, epoch) VALUES ('intx', 'intx-' || :k, :k, :token, :epoch)
-  RETURNING id AS new_eid \\gset
-SELECT idem_finish('intx', 'intx-' || :k, :token, jsonb_build_object('effect_id', :new_eid));
-\\if :r = 1
-ROLLBACK;
-\\else
-COMMIT;
-\\endif
-\\else
-SELECT 1 / count(*) FROM effect WHERE id = :eid AND op = 'intx' AND key = 'intx-' || :k;
-COMMIT;
-\\endif
-},
-	ext => qq{
-\\set k random(1, $nkeys)
-SELECT (status = 'new')::int AS is_new, coalesce(token, 0) AS token,
-       coalesce(response->>'effect_id', '0') AS eid
-  FROM idem_begin('ext', 'ext-' || :k, idem_fingerprint(:k), lease => '4 s') b \\gset
-\\if :is_new
-INSERT INTO effect (op, key, k, token, epoch) VALUES ('ext', 'ext-' || :k, :k, :token, :epoch)
-  RETURNING id AS new_eid \\gset
-SELECT idem_finish('ext', 'ext-' || :k, :token, jsonb_build_object('effect_id', :new_eid));
-INSERT INTO finished (op, key, eid, epoch) VALUES ('ext', 'ext-' || :k, :new_eid, :epoch);
-\\else
-SELECT 1 / count(*) FROM effect WHERE id = :eid AND op = 'ext' AND key = 'ext-' || :k;
-\\endif
-},
-);
+# the loads (IdemTest's start_bench and start_sweep): the options of their
+# scripts, and the pgbench clients of each shape
+my %load = (keys => $nkeys, lease => '4 s');
 my %clients = (intx => 4, ext => 3);
-
-sub start_bench
-{
-	my ($node, $shape, $epoch, $seconds) = @_;
-	my $base = $node->basedir . "/bench-$shape-$epoch";
-	append_to_file("$base.sql", $scripts{$shape});
-	my $h = { out => "$base.out", err => "$base.err", name => "$shape/epoch $epoch" };
-	$h->{run} = IPC::Run::start(
-		[ 'pgbench', '-n', '-c', $clients{$shape}, '-j', 1, '-T', $seconds,
-			'-D', "epoch=$epoch", '-f', "$base.sql", $node->connstr('postgres') ],
-		'>', $h->{out}, '2>', $h->{err});
-	return $h;
-}
-
-sub finish_bench
-{
-	my ($h) = @_;
-	eval { $h->{run}->finish; };
-	$h->{rc} = $h->{run}->result(0);
-	$h->{stdout} = slurp_file($h->{out});
-	$h->{stderr} = slurp_file($h->{err});
-	return $h;
-}
-
-# "status|token|response" of a claim of det's $key, or "ERROR sqlstate"
-sub claim
-{
-	my ($node, $key, $extra) = @_;
-	$extra = defined $extra ? ", $extra" : '';
-	my ($st, $out, $err) = try_sql($node, qq{
-		SELECT status || '|' || coalesce(token::text, '') || '|' || coalesce(response::text, '')
-		  FROM idem_begin('det', '$key', idem_fingerprint('$key')$extra) b});
-	return $st eq '00000' ? $out : "ERROR $st";
-}
-
-# One retry of every key 1..$nkeys of $shape, one after the other, with
-# psql (the loads' scripts without the random parts, always committing).
-sub start_sweep
-{
-	my ($node, $shape, $epoch) = @_;
-	my $body = $scripts{$shape};
-	$body =~ s/^\\set [kr] .*\n//mg;
-	$body =~ s/^\\if :r = 1\nROLLBACK;\n\\else\n(COMMIT;)\n\\endif\n/$1\n/m;
-	my $file = $node->basedir . "/sweep-$shape.sql";
-	append_to_file($file, join '', map { "\\set k $_\n$body" } 1 .. $nkeys);
-	my $h = { out => '', err => '', name => "$shape/sweep" };
-	$h->{run} = IPC::Run::start(
-		[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-v', "epoch=$epoch", '-f', $file,
-			'-o', '/dev/null', '-d', $node->connstr('postgres') ],
-		'>', \$h->{out}, '2>', \$h->{err});
-	return $h;
-}
-
-sub token_of
-{
-	my ($c) = @_;
-	my ($t) = $c =~ /^new\|(\d+)\|$/ or die "not a new claim: $c";
-	return $t;
-}
 
 # ---- the primary and its synchronous standby ----
 
@@ -183,7 +76,7 @@ ok( $primary->poll_query_until('postgres',
 	'the standby is synchronous');
 
 # the deterministic keys, after the standby became synchronous
-my $t = token_of(claim($primary, 'det-done'));
+my $t = token_of(claim($primary, 'postgres', 'det-done'));
 $primary->safe_psql('postgres', qq{SELECT idem_finish('det', 'det-done', $t, '{"det": "done"}')});
 my $fx_id = $primary->safe_psql('postgres', q{
 	BEGIN;
@@ -193,7 +86,7 @@ my $fx_id = $primary->safe_psql('postgres', q{
 	SELECT idem_finish('det', 'det-fx', :token, jsonb_build_object('effect_id', :fx_id)) \gset
 	COMMIT;
 	SELECT id FROM effect WHERE key = 'det-fx';});
-my $t_pending = token_of(claim($primary, 'det-pending', q{lease => '1 h'}));
+my $t_pending = token_of(claim($primary, 'postgres', 'det-pending', q{lease => '1 h'}));
 $primary->wait_for_catchup($standby);
 
 # on the standby: the results are replicated, the claims are not
@@ -201,13 +94,14 @@ is($standby->safe_psql('postgres',
 		q{SELECT string_agg(key, ',' ORDER BY key) FROM idem_result WHERE operation = 'det'}),
 	'det-done,det-fx', 'standby: idem_result holds the finished records, replicated');
 {
-	my ($st, $out, $err) = try_sql($standby, 'SELECT count(*) FROM idem_record');
+	my ($st, $out, $err) = try_sql($standby, 'postgres', 'SELECT count(*) FROM idem_record');
 	is($st, '0A000', 'standby: idem_record (unlogged) cannot be read in recovery') or diag($err);
 }
 
 # ---- a fail-over in the middle of the loads ----
 
-my @bench1 = map { start_bench($primary, $_, 1, 120) } qw(intx ext);
+my @bench1 = map { start_bench($primary, 'postgres', %load, shape => $_, clients => $clients{$_},
+		epoch => 1, seconds => 120) } qw(intx ext);
 ok( $primary->poll_query_until('postgres', q{
 		SELECT (SELECT count(*) FROM effect WHERE op = 'intx') >= 500
 		   AND (SELECT count(*) FROM finished) >= 300}),
@@ -240,10 +134,10 @@ note("$n_intx in-transaction and $n_ext external keys finished on the old primar
 cmp_ok($n_intx, '>=', 500, 'the committed in-transaction effects reached the synchronous standby');
 cmp_ok($n_ext, '>=', 300, 'the committed external finishes reached the synchronous standby');
 
-is(claim($new, 'det-done'), 'replay||{"det": "done"}', 'new primary: det-done replays its response');
-is(claim($new, 'det-fx'), qq{replay||{"effect_id": $fx_id}}, 'new primary: det-fx replays its effect\'s id');
+is(claim($new, 'postgres', 'det-done'), 'replay||{"det": "done"}', 'new primary: det-done replays its response');
+is(claim($new, 'postgres', 'det-fx'), qq{replay||{"effect_id": $fx_id}}, 'new primary: det-fx replays its effect\'s id');
 {
-	my ($st, $out, $err) = try_sql($new, q{
+	my ($st, $out, $err) = try_sql($new, 'postgres', q{
 		SELECT status FROM idem_begin('det', 'det-pending', idem_fingerprint('det-pending'),
 		                              in_flight => 'raise')});
 	is("$st|$out", '00000|new',
@@ -269,7 +163,7 @@ is($probe->(q{(SELECT e.* FROM finished f JOIN effect e ON e.id = f.eid WHERE f.
 	"0|$n_ext|$n_ext",
 	"new primary: every external key finished before the fail-over ($n_ext) replays its response");
 is($new->safe_psql('postgres', qq{
-	SELECT count(*) FROM $records r
+	SELECT count(*) FROM $IDEM_RECORDS r
 	 WHERE r.completed_at IS NOT NULL AND r.operation IN ('intx', 'ext')
 	   AND NOT EXISTS (SELECT 1 FROM effect e
 	                    WHERE e.op = r.operation AND e.key = r.key AND e.token = r.token
@@ -277,12 +171,13 @@ is($new->safe_psql('postgres', qq{
 	'0', 'new primary: every completed record has its effect row, token and id');
 
 # a fresh claim: its token is above the old primary's epoch
-my $t_fresh = token_of(claim($new, 'det-fresh'));
+my $t_fresh = token_of(claim($new, 'postgres', 'det-fresh'));
 cmp_ok($t_fresh, '>=', $bound, 'new primary: a new token is greater than every token of the old primary');
 
 # ---- the loads again, over the same keys ----
 
-my @bench2 = map { start_bench($new, $_, 2, 6) } qw(intx ext);
+my @bench2 = map { start_bench($new, 'postgres', %load, shape => $_, clients => $clients{$_},
+		epoch => 2, seconds => 6) } qw(intx ext);
 for my $h (@bench2)
 {
 	finish_bench($h);
@@ -292,11 +187,11 @@ for my $h (@bench2)
 	cmp_ok($n // 0, '>', 100, "$h->{name}: the load on the new primary ran (" . ($n // 0) . ' transactions)');
 }
 # then one retry of every key of both loads
-for my $h (map { start_sweep($new, $_, 3) } qw(intx ext))
+for my $h (map { start_sweep($new, 'postgres', %load, shape => $_, epoch => 3) } qw(intx ext))
 {
-	eval { $h->{run}->finish; };
-	is($h->{run}->result(0), 0, "$h->{name}: a retry of every key ($nkeys) on the new primary ran without an error")
-	  or diag($h->{err});
+	finish_bench($h);
+	is($h->{rc}, 0, "$h->{name}: a retry of every key ($nkeys) on the new primary ran without an error")
+	  or diag($h->{stderr});
 }
 is($new->safe_psql('postgres', q{SELECT count(DISTINCT key) FROM effect WHERE op = 'intx'}), $nkeys,
 	'every in-transaction key has its effect (the retry of every key reached all of them)');

@@ -30,10 +30,13 @@
 use strict;
 use warnings;
 
-use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest qw(:DEFAULT :bench);
 
 my $nkeys = 100000;
 my @cycle = qw(completed all completed none);
@@ -55,70 +58,11 @@ $node->safe_psql('postgres', q{
 });
 is($node->safe_psql('postgres', 'SELECT idem_durability()'), 'none', 'start in mode none');
 
-my $records = q{(SELECT operation, key, token, completed_at, response FROM idem_record
-	UNION ALL SELECT operation, key, token, completed_at, response FROM idem_result)};
-
-my %scripts = (
-	intx => qq{
-SELECT stop FROM ctl \\gset
-\\if :stop
-\\sleep 20 ms
-\\else
-\\set k random(1, $nkeys)
-\\set r random(1, 10)
-BEGIN;
-SELECT (status = 'new')::int AS is_new, coalesce(token, 0) AS token,
-       coalesce(response->>'effect_id', '0') AS eid
-  FROM idem_begin('intx', 'intx-' || :k, idem_fingerprint(:k)) b \\gset
-\\if :is_new
-INSERT INTO effect (op, key, k, token) VALUES ('intx', 'intx-' || :k, :k, :token)
-  RETURNING id AS new_eid \\gset
-SELECT idem_finish('intx', 'intx-' || :k, :token, jsonb_build_object('effect_id', :new_eid));
-\\if :r = 1
-ROLLBACK;
-\\else
-COMMIT;
-\\endif
-\\else
-SELECT 1 / count(*) FROM effect WHERE id = :eid AND op = 'intx' AND key = 'intx-' || :k;
-COMMIT;
-\\endif
-\\endif
-},
-	ext => qq{
-SELECT stop FROM ctl \\gset
-\\if :stop
-\\sleep 20 ms
-\\else
-\\set k random(1, $nkeys)
-SELECT (status = 'new')::int AS is_new, coalesce(token, 0) AS token,
-       coalesce(response->>'effect_id', '0') AS eid
-  FROM idem_begin('ext', 'ext-' || :k, idem_fingerprint(:k)) b \\gset
-\\if :is_new
-INSERT INTO effect (op, key, k, token) VALUES ('ext', 'ext-' || :k, :k, :token)
-  RETURNING id AS new_eid \\gset
-SELECT idem_finish('ext', 'ext-' || :k, :token, jsonb_build_object('effect_id', :new_eid));
-INSERT INTO finished (op, key, eid) VALUES ('ext', 'ext-' || :k, :new_eid);
-\\else
-SELECT 1 / count(*) FROM effect WHERE id = :eid AND op = 'ext' AND key = 'ext-' || :k;
-\\endif
-\\endif
-},
-);
+# the loads (IdemTest's start_bench): the options of their scripts (each
+# attempt first checks the stop flag in ctl), and the pgbench clients of
+# each shape
+my %load = (keys => $nkeys, stop_flag => 1, seconds => 300);
 my %clients = (intx => 4, ext => 2);
-
-sub start_bench
-{
-	my ($shape) = @_;
-	my $base = $node->basedir . "/bench-$shape";
-	append_to_file("$base.sql", $scripts{$shape});
-	my $h = { out => "$base.out", err => "$base.err", name => $shape };
-	$h->{run} = IPC::Run::start(
-		[ 'pgbench', '-n', '-c', $clients{$shape}, '-j', 1, '-T', 300,
-			'-f', "$base.sql", $node->connstr('postgres') ],
-		'>', $h->{out}, '2>', $h->{err});
-	return $h;
-}
 
 # wait until the loads completed $n more keys
 sub progressed
@@ -131,7 +75,7 @@ sub progressed
 
 # ---- the switches, under load ----
 
-my @bench = map { start_bench($_) } qw(intx ext);
+my @bench = map { start_bench($node, 'postgres', %load, shape => $_, clients => $clients{$_}) } qw(intx ext);
 ok(progressed(300), 'the loads are under way');
 
 my ($switch_fail, $state_fail, @mode_seq) = (0, 0);
@@ -183,7 +127,7 @@ for (1 .. 60)
 	sleep 1;
 	my $now = $node->safe_psql('postgres', qq{
 		SELECT (SELECT count(*) FROM effect) || '|' ||
-		       (SELECT count(*) FROM $records r WHERE completed_at IS NULL) || '|' ||
+		       (SELECT count(*) FROM $IDEM_RECORDS r WHERE completed_at IS NULL) || '|' ||
 		       (SELECT count(*) FROM effect e WHERE op = 'ext'
 		           AND NOT EXISTS (SELECT 1 FROM finished f WHERE f.eid = e.id))});
 	if ($now =~ /\|0\|0$/ && $now eq $prev) { $quiet = 1; last; }
@@ -193,10 +137,8 @@ ok($quiet, "the loads came to rest after the stop flag ($prev: effects|pending|u
 
 for my $h (@bench)
 {
-	$h->{run}->signal('INT');
-	eval { $h->{run}->finish; };
-	my $err = slurp_file($h->{err});
-	unlike($err, qr/ERROR|aborted/, "$h->{name}: the load met no error (no replay named a wrong effect)");
+	finish_bench($h, stop => 1);
+	unlike($h->{stderr}, qr/ERROR|aborted/, "$h->{name}: the load met no error (no replay named a wrong effect)");
 }
 
 # ---- nothing lost ----
@@ -222,14 +164,14 @@ is($probe->(q{(SELECT * FROM effect e WHERE op = 'intx') e}), "0|$n_intx",
 is($probe->(q{(SELECT e.* FROM finished f JOIN effect e ON e.id = f.eid) e}), "0|$n_ext",
 	"every external key finished under the switches ($n_ext) replays its response");
 is($node->safe_psql('postgres', qq{
-	SELECT count(*) FROM $records r
+	SELECT count(*) FROM $IDEM_RECORDS r
 	 WHERE r.completed_at IS NOT NULL
 	   AND NOT EXISTS (SELECT 1 FROM effect e
 	                    WHERE e.op = r.operation AND e.key = r.key AND e.token = r.token
 	                      AND r.response = jsonb_build_object('effect_id', e.id))}),
 	'0', 'every completed record has its effect row, token and id');
 is($node->safe_psql('postgres', qq{
-	SELECT count(*) FROM (SELECT operation, key FROM $records r GROUP BY 1, 2 HAVING count(*) > 1) d}),
+	SELECT count(*) FROM (SELECT operation, key FROM $IDEM_RECORDS r GROUP BY 1, 2 HAVING count(*) > 1) d}),
 	'0', 'no key has a record in both tables');
 is($node->safe_psql('postgres', q{
 	SELECT count(*) FROM (SELECT op, key FROM effect GROUP BY op, key HAVING count(*) > 1) d}),
@@ -238,7 +180,7 @@ is($node->safe_psql('postgres', q{
 	SELECT count(*) FROM effect e WHERE e.op = 'ext'
 	   AND NOT EXISTS (SELECT 1 FROM finished f WHERE f.eid = e.id)}),
 	'0', 'every external effect was finished');
-is($node->safe_psql('postgres', qq{SELECT count(*) FROM $records r WHERE completed_at IS NULL}),
+is($node->safe_psql('postgres', qq{SELECT count(*) FROM $IDEM_RECORDS r WHERE completed_at IS NULL}),
 	'0', 'no claim is left pending');
 
 # ---- the indexes ----

@@ -34,6 +34,52 @@
 # "\warn __done__", so its end, its SQLSTATE (00000 on success) and all of
 # its stderr are known without ON_ERROR_STOP.
 #
+# Exported on request only (use IdemTest qw(:DEFAULT :bench): some tests
+# define subs of their own named try_sql, claim and token_of), for database
+# $db of $node -- the loads of the durability tests:
+#
+#   try_sql($node, $db, $sql)
+#                        run $sql with psql (ON_ERROR_STOP, VERBOSITY
+#                        verbose): (sqlstate, stdout, stderr), 00000 on
+#                        success
+#   claim($node, $db, $key, $extra)
+#                        a claim of $key in operation 'det' (its fingerprint
+#                        that of the key; $extra: more idem_begin arguments,
+#                        "lease => '1 h'"): "status|token|response", or
+#                        "ERROR sqlstate"
+#   token_of($claim)     the token of a new claim ("new|token|"); dies
+#                        otherwise
+#   start_bench($node, $db, shape => ..., keys => N, clients => C,
+#               seconds => S, ...)
+#                        pgbench in the background, C clients (jobs => J
+#                        threads, else 1; user => ...: connected as that
+#                        role) for S seconds, each transaction an attempt
+#                        at a key "op-k", k random in 1..N, of op (the shape
+#                        unless op => ...), in shape intx (BEGIN; claim;
+#                        effect; finish; COMMIT, one time in ten ROLLBACK)
+#                        or ext (autocommit claim, effect, finish, then a
+#                        row in "finished"), as bench_script below writes
+#                        them.  Options of the script: epoch => E (pgbench
+#                        -D epoch=E, and the effect and finished rows carry
+#                        it in a column epoch), lease => ... (of ext's
+#                        claims), stop_flag => 1 (each transaction first
+#                        checks the flag in table ctl).  Returns a handle:
+#                        {name} ("shape/epoch E", or "shape" without an
+#                        epoch, unless name => ...), {run} (the IPC::Run
+#                        harness)
+#   start_sweep($node, $db, shape => ..., keys => N, ...)
+#                        psql in the background retrying every key 1..N
+#                        once, one after the other: start_bench's script
+#                        (the same options; epoch => E: psql -v epoch=E)
+#                        without its random parts, always committing.
+#                        Returns a handle as start_bench's, named
+#                        "shape/sweep" unless name => ...
+#   finish_bench($h, stop => 1)
+#                        wait for the pgbench or psql of handle $h to exit,
+#                        or with stop => 1 end it at once (SIGINT); sets
+#                        $h->{rc} (the exit code), $h->{stdout} and
+#                        $h->{stderr}, and returns $h
+#
 # Use from a test file (prove_installcheck does not put test/t on @INC):
 #
 #   use FindBin;
@@ -53,6 +99,10 @@ use PostgreSQL::Test::Utils ();
 
 our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count
   $IDEM_RECORDS setup_load start_load stop_load load_progressed check_load check_amcheck);
+# Not exported unless asked for: tests that predate them define subs of the
+# same names, which an import would make Perl warn about as redefined.
+our %EXPORT_TAGS = (bench => [qw(try_sql claim token_of start_bench start_sweep finish_bench)]);
+our @EXPORT_OK = @{ $EXPORT_TAGS{bench} };
 
 # Start $sql in session $s without waiting for it to finish.
 sub send_sql
@@ -128,6 +178,166 @@ sub idem_lock_count
 		 WHERE locktype = 'advisory' AND objsubid IN (18763, 18764)});    # 0x494B, 0x494C
 }
 
+# ---- loads and retries of every key (the 4xx tests, and start_load) ----
+
+# Run $sql; returns (sqlstate, stdout, stderr): 00000 on success
+sub try_sql
+{
+	my ($node, $db, $sql) = @_;
+	my ($rc, $out, $err) = $node->psql($db, $sql,
+		extra_params => [ '-v', 'VERBOSITY=verbose' ],
+		on_error_stop => 1);
+	return ('00000', $out, $err) if $rc == 0;
+	my ($state) = $err =~ /(?:ERROR|FATAL|PANIC):\s+([0-9A-Z]{5}):/;
+	return ($state // "rc=$rc", $out, $err);
+}
+
+# "status|token|response" of a claim of det's $key, or "ERROR sqlstate"
+sub claim
+{
+	my ($node, $db, $key, $extra) = @_;
+	$extra = defined $extra ? ", $extra" : '';
+	my ($st, $out, $err) = try_sql($node, $db, qq{
+		SELECT status || '|' || coalesce(token::text, '') || '|' || coalesce(response::text, '')
+		  FROM idem_begin('det', '$key', idem_fingerprint('$key')$extra) b});
+	return $st eq '00000' ? $out : "ERROR $st";
+}
+
+sub token_of
+{
+	my ($c) = @_;
+	my ($t) = $c =~ /^new\|(\d+)\|$/ or die "not a new claim: $c";
+	return $t;
+}
+
+# bench_script(shape => ..., op => ..., keys => N, epoch => E, lease => ...,
+# stop_flag => 1, sweep => 1): the text of a pgbench (or psql) script, one
+# attempt at a key of op (the shape unless told), "op-k" for a k in 1..N:
+#   intx  in-transaction shape: BEGIN; idem_begin; on 'new' INSERT INTO
+#         effect and idem_finish with {"effect_id": id}; COMMIT (one time
+#         in ten ROLLBACK, so the key is claimed again later).  An effect
+#         row of this shape exists <=> its finish committed.
+#   ext   external-call shape: autocommit idem_begin (with the lease given,
+#         else idem_begin's default); on 'new' an autocommit INSERT INTO
+#         effect, an autocommit idem_finish, then an autocommit INSERT INTO
+#         finished(op, key, eid): a "finished" row means that the finish
+#         committed.
+# On 'replay' both check that the response names this key's effect row (a
+# division by zero otherwise).  effect is (op, key, k, token), and with
+# epoch => E the effect and finished rows carry the epoch too, in a column
+# epoch, from the script's variable :epoch (set by the caller).  With
+# stop_flag => 1 each attempt first reads "SELECT stop FROM ctl" and, while
+# it is set, only sleeps 20 ms.  With sweep => 1 the random parts are left
+# out (the caller sets :k; intx always commits).
+sub bench_script
+{
+	my (%o) = @_;
+	die "bench_script: unknown shape '$o{shape}'"
+	  unless $o{shape} eq 'intx' || $o{shape} eq 'ext';
+	my $intx = $o{shape} eq 'intx';
+	my $op = $o{op} // $o{shape};
+	my $key = "'$op-' || :k";
+	my ($ecol, $eval) = defined $o{epoch} ? (', epoch', ', :epoch') : ('', '');
+	my $lease = !$intx && defined $o{lease} ? ", lease => '$o{lease}'" : '';
+
+	my $s = '';
+	$s .= "\\set k random(1, $o{keys})\n" unless $o{sweep};
+	$s .= "\\set r random(1, 10)\n" if $intx && !$o{sweep};
+	$s .= "BEGIN;\n" if $intx;
+	$s .= qq{SELECT (status = 'new')::int AS is_new, coalesce(token, 0) AS token,
+       coalesce(response->>'effect_id', '0') AS eid
+  FROM idem_begin('$op', $key, idem_fingerprint(:k)$lease) b \\gset
+\\if :is_new
+INSERT INTO effect (op, key, k, token$ecol) VALUES ('$op', $key, :k, :token$eval)
+  RETURNING id AS new_eid \\gset
+SELECT idem_finish('$op', $key, :token, jsonb_build_object('effect_id', :new_eid));
+};
+	if (!$intx)
+	{
+		$s .= "INSERT INTO finished (op, key, eid$ecol) VALUES ('$op', $key, :new_eid$eval);\n";
+	}
+	elsif ($o{sweep})
+	{
+		$s .= "COMMIT;\n";
+	}
+	else
+	{
+		$s .= "\\if :r = 1\nROLLBACK;\n\\else\nCOMMIT;\n\\endif\n";
+	}
+	$s .= "\\else\nSELECT 1 / count(*) FROM effect WHERE id = :eid AND op = '$op' AND key = $key;\n";
+	$s .= "COMMIT;\n" if $intx;
+	$s .= "\\endif\n";
+	$s = "SELECT stop FROM ctl \\gset\n\\if :stop\n\\sleep 20 ms\n\\else\n$s\\endif\n"
+	  if $o{stop_flag};
+	return "\n$s";
+}
+
+# Files of the loads, one set per start: bench-<n>-<db>-<op> in the node's
+# base directory.
+my $bench_seq = 0;
+
+sub bench_base
+{
+	my ($node, $db, %o) = @_;
+	return $node->basedir . '/bench-' . ++$bench_seq . "-$db-" . ($o{op} // $o{shape});
+}
+
+# Start @cmd in the background, named $name.  Its output goes to files
+# $base.out and $base.err: a pipe nobody reads while the test waits
+# elsewhere would fill up and stop it.
+sub start_background
+{
+	my ($name, $base, @cmd) = @_;
+	my $h = { name => $name, out => "$base.out", err => "$base.err" };
+	$h->{run} = IPC::Run::start(\@cmd, '>', $h->{out}, '2>', $h->{err});
+	return $h;
+}
+
+sub start_bench
+{
+	my ($node, $db, %o) = @_;
+	my $base = bench_base($node, $db, %o);
+	PostgreSQL::Test::Utils::append_to_file("$base.sql", bench_script(%o, sweep => 0));
+	my $connstr = $node->connstr($db);
+	$connstr .= " user=$o{user}" if defined $o{user};
+	return start_background(
+		$o{name} // join('/', $o{shape}, defined $o{epoch} ? "epoch $o{epoch}" : ()),
+		$base,
+		'pgbench', '-n', '-c', $o{clients}, '-j', $o{jobs} // 1, '-T', $o{seconds},
+		(defined $o{epoch} ? ('-D', "epoch=$o{epoch}") : ()),
+		'-f', "$base.sql", $connstr);
+}
+
+sub start_sweep
+{
+	my ($node, $db, %o) = @_;
+	my $base = bench_base($node, $db, %o);
+	my $body = bench_script(%o, sweep => 1);
+	PostgreSQL::Test::Utils::append_to_file("$base.sql",
+		join '', map { "\\set k $_\n$body" } 1 .. $o{keys});
+	return start_background(
+		$o{name} // "$o{shape}/sweep",
+		$base,
+		'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1',
+		(defined $o{epoch} ? ('-v', "epoch=$o{epoch}") : ()),
+		'-f', "$base.sql", '-o', '/dev/null', '-d', $node->connstr($db));
+}
+
+sub finish_bench
+{
+	my ($h, %o) = @_;
+	if ($o{stop} && $h->{run}->pumpable)
+	{
+		$h->{run}->signal('INT');
+	}
+	eval { $h->{run}->finish; };
+	# undef where it could not be waited for
+	$h->{rc} = eval { $h->{run}->result(0) };
+	$h->{stdout} = PostgreSQL::Test::Utils::slurp_file($h->{out});
+	$h->{stderr} = PostgreSQL::Test::Utils::slurp_file($h->{err});
+	return $h;
+}
+
 # ---- concurrent in-transaction load (the 3xx tests) ----
 #
 #   setup_load($node, $db)
@@ -136,12 +346,13 @@ sub idem_lock_count
 #       every role.
 #   start_load($node, op => ..., keys => N, clients => C, seconds => S,
 #              db => ..., user => ...)
-#       pgbench in the background: per transaction a key of op from
-#       1..keys (so retries of a key happen): BEGIN; idem_begin; on 'new'
-#       INSERT INTO effect, idem_finish with {"effect_id": id}, COMMIT (one
-#       time in ten ROLLBACK, so the key is claimed again later); on
-#       'replay' check that the replayed effect_id is this key's effect
-#       (a division by zero otherwise).  Returns a handle.
+#       pgbench in the background (start_bench, bench_script's intx shape):
+#       per transaction a key of op from 1..keys (so retries of a key
+#       happen): BEGIN; idem_begin; on 'new' INSERT INTO effect,
+#       idem_finish with {"effect_id": id}, COMMIT (one time in ten
+#       ROLLBACK, so the key is claimed again later); on 'replay' check
+#       that the replayed effect_id is this key's effect (a division by
+#       zero otherwise).  Returns a handle.
 #   stop_load($h)
 #       wait for it (after `seconds`), or with stop => 1 end it at once
 #       (SIGINT; the server rolls back what was in flight).  Returns
@@ -177,55 +388,18 @@ sub start_load
 {
 	my ($node, %o) = @_;
 	my $op = $o{op} // 'load';
-	my $keys = $o{keys} // 2000;
 	my $clients = $o{clients} // 4;
-	my $seconds = $o{seconds} // 10;
-	my $db = $o{db} // 'postgres';
-	my $jobs = $clients < 2 ? $clients : 2;
-	my $script = $node->basedir . "/load-$op-" . int(rand(1e9)) . '.sql';
-	PostgreSQL::Test::Utils::append_to_file($script, qq{
-\\set k random(1, $keys)
-\\set r random(1, 10)
-BEGIN;
-SELECT (status = 'new')::int AS is_new, coalesce(token, 0) AS token,
-       coalesce(response->>'effect_id', '0') AS eid
-  FROM idem_begin('$op', '$op-' || :k, idem_fingerprint(:k)) b \\gset
-\\if :is_new
-INSERT INTO effect (op, key, k, token) VALUES ('$op', '$op-' || :k, :k, :token)
-  RETURNING id AS new_eid \\gset
-SELECT idem_finish('$op', '$op-' || :k, :token, jsonb_build_object('effect_id', :new_eid));
-\\if :r = 1
-ROLLBACK;
-\\else
-COMMIT;
-\\endif
-\\else
-SELECT 1 / count(*) FROM effect WHERE id = :eid AND op = '$op' AND key = '$op-' || :k;
-COMMIT;
-\\endif
-});
-	my $connstr = $node->connstr($db);
-	$connstr .= " user=$o{user}" if defined $o{user};
-	# output goes to files: a pipe nobody reads while the test waits
-	# elsewhere would fill up and stop pgbench
-	my $h = { op => $op, outfile => "$script.out", errfile => "$script.err" };
-	$h->{run} = IPC::Run::start(
-		[ 'pgbench', '-n', '-c', $clients, '-j', $jobs, '-T', $seconds,
-			'-f', $script, $connstr ],
-		'>', $h->{outfile}, '2>', $h->{errfile});
-	return $h;
+	return start_bench($node, $o{db} // 'postgres',
+		shape => 'intx', op => $op, name => $op, keys => $o{keys} // 2000,
+		clients => $clients, jobs => $clients < 2 ? $clients : 2,
+		seconds => $o{seconds} // 10, user => $o{user});
 }
 
 sub stop_load
 {
 	my ($h, %o) = @_;
-	if ($o{stop} && $h->{run}->pumpable)
-	{
-		$h->{run}->signal('INT');
-	}
-	eval { $h->{run}->finish; };
-	return (PostgreSQL::Test::Utils::slurp_file($h->{outfile}),
-		PostgreSQL::Test::Utils::slurp_file($h->{errfile}));
+	finish_bench($h, stop => $o{stop});
+	return ($h->{stdout}, $h->{stderr});
 }
 
 # load_progressed($node, $db, $n): wait until $n more transactions (commits
