@@ -40,21 +40,9 @@ use Time::HiRes qw(time sleep);
 
 use FindBin;
 use lib $FindBin::RealBin;
-use IdemTest;
+use IdemTest qw(:DEFAULT try_sql);
 
 # ---- helpers ----
-
-# Run $sql on $node; returns (sqlstate, stdout, stderr): 00000 on success.
-sub try_sql
-{
-	my ($node, $db, $sql) = @_;
-	my ($rc, $out, $err) = $node->psql($db, $sql,
-		extra_params => [ '-v', 'VERBOSITY=verbose' ],
-		on_error_stop => 1);
-	return ('00000', $out, $err) if $rc == 0;
-	my ($state) = $err =~ /(?:ERROR|FATAL|PANIC):\s+([0-9A-Z]{5}):/;
-	return ($state // "rc=$rc", $out, $err);
-}
 
 my $fp = q{'\x0102'::bytea};
 

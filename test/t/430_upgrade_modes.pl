@@ -28,7 +28,7 @@ use Test::More;
 
 use FindBin;
 use lib $FindBin::RealBin;
-use IdemTest;
+use IdemTest qw(:DEFAULT try_sql token_of);
 
 my $node = PostgreSQL::Test::Cluster->new('upgrade_modes');
 $node->init;
@@ -36,33 +36,15 @@ $node->start;
 
 # ---- helpers ----
 
-sub try_sql
-{
-	my ($db, $sql) = @_;
-	my ($rc, $out, $err) = $node->psql($db, $sql,
-		extra_params => [ '-v', 'VERBOSITY=verbose' ],
-		on_error_stop => 1);
-	return ('00000', $out, $err) if $rc == 0;
-	my ($state) = $err =~ /(?:ERROR|FATAL|PANIC):\s+([0-9A-Z]{5}):/;
-	return ($state // "rc=$rc", $out, $err);
-}
-
 # "status|token|response" of a claim of $key, or "ERROR sqlstate"
 sub claim
 {
 	my ($db, $key, $extra) = @_;
 	$extra = defined $extra ? ", $extra" : '';
-	my ($st, $out, $err) = try_sql($db, qq{
+	my ($st, $out, $err) = try_sql($node, $db, qq{
 		SELECT status || '|' || coalesce(token::text, '') || '|' || coalesce(response::text, '')
 		  FROM idem_begin('up', '$key', idem_fingerprint('$key')$extra) b});
 	return $st eq '00000' ? $out : "ERROR $st";
-}
-
-sub token_of
-{
-	my ($c) = @_;
-	my ($t) = $c =~ /^new\|(\d+)\|$/ or die "not a new claim: $c";
-	return $t;
 }
 
 sub persistence
@@ -147,7 +129,7 @@ $open->quit;
 $upd->quit;
 $want{upg_unlogged} .= ' open={"open": true}';
 
-my ($st, $o, $e) = try_sql('upg_logged', 'ALTER EXTENSION idempotency UPDATE');
+my ($st, $o, $e) = try_sql($node, 'upg_logged', 'ALTER EXTENSION idempotency UPDATE');
 is($st, '00000', 'upg_logged: ALTER EXTENSION UPDATE completes') or diag($e);
 
 # ---- after the update ----
@@ -162,7 +144,7 @@ for my $db (qw(upg_unlogged upg_logged))
 	is($node->safe_psql($db, 'SELECT idem_durability()'), $mode, "$db: the mode after the update is '$mode'");
 	is(persistence($db), "idem_record=$p idem_result=$p", "$db: both tables " . ($p eq 'p' ? 'logged' : 'unlogged'));
 	is(replays($db, @{ $keys{$db} }), $want{$db}, "$db, 1.3: every completed key replays its response");
-	($st, $o, $e) = try_sql($db, q{SELECT status FROM idem_begin('up', 'pending', idem_fingerprint('pending'), in_flight => 'raise')});
+	($st, $o, $e) = try_sql($node, $db, q{SELECT status FROM idem_begin('up', 'pending', idem_fingerprint('pending'), in_flight => 'raise')});
 	is($st, 'IK409', "$db, 1.3: the claim pending across the update still holds its key") or diag($e);
 	my $t = token_of(claim($db, 'fresh'));
 	cmp_ok($t, '>', $maxtok{$db}, "$db, 1.3: a new token is greater than every token of 1.2");
@@ -172,7 +154,7 @@ for my $db (qw(upg_unlogged upg_logged))
 }
 
 # (a) the pending claim is finished with its token
-($st, $o, $e) = try_sql('upg_unlogged',
+($st, $o, $e) = try_sql($node, 'upg_unlogged',
 	qq{SELECT idem_finish('up', 'pending', $pending{upg_unlogged}, '{"late": true}')});
 is($st, '00000', 'upg_unlogged: the claim pending across the update is finished with its 1.2 token') or diag($e);
 $want{upg_unlogged} .= ' pending={"late": true}';
@@ -207,9 +189,9 @@ is(replays('upg_unlogged', @{ $keys{upg_unlogged} }), $want{upg_unlogged},
 is($node->safe_psql('upg_logged', 'SELECT idem_durability()'), 'all', 'upg_logged, after the crash: mode all');
 is(replays('upg_logged', @{ $keys{upg_logged} }), $want{upg_logged},
 	'upg_logged, after the crash: every completed record survived and replays its response');
-($st, $o, $e) = try_sql('upg_logged', q{SELECT status FROM idem_begin('up', 'pending', idem_fingerprint('pending'), in_flight => 'raise')});
+($st, $o, $e) = try_sql($node, 'upg_logged', q{SELECT status FROM idem_begin('up', 'pending', idem_fingerprint('pending'), in_flight => 'raise')});
 is($st, 'IK409', 'upg_logged, after the crash: the pending claim still holds its key') or diag($e);
-($st, $o, $e) = try_sql('upg_logged', qq{SELECT idem_finish('up', 'pending', $t_pend_b, '{"late": "b"}')});
+($st, $o, $e) = try_sql($node, 'upg_logged', qq{SELECT idem_finish('up', 'pending', $t_pend_b, '{"late": "b"}')});
 is($st, '00000', 'upg_logged, after the crash: ... and is finished with its 1.2 token') or diag($e);
 is(replays('upg_logged', 'pending'), 'pending={"late": "b"}', 'upg_logged: ... and replays');
 
