@@ -5,12 +5,14 @@ EXTENSION = idempotency
 MODULE_big = idempotency
 # $(srcdir) keeps out-of-tree (VPATH) builds, as pg_buildext does them, working
 OBJS = $(patsubst $(srcdir)/%.c,%.o,$(wildcard $(srcdir)/src/*.c))
-# install scripts of 1.0 and 1.3 and the update scripts, beside the control file
-DATA = idempotency--1.0.sql \
+# the install script of 1.0 and the update scripts, beside the control file
+UPDATE_CHAIN = idempotency--1.0.sql \
 	idempotency--1.0--1.1.sql \
 	idempotency--1.1--1.2.sql \
-	idempotency--1.2--1.3.sql \
-	idempotency--1.3.sql
+	idempotency--1.2--1.3.sql
+DATA = $(UPDATE_CHAIN)
+# the install script of 1.3 is built from them (below)
+DATA_built = idempotency--1.3.sql
 PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
 
 # every file includes the shared header (PGXS tracks no header dependencies)
@@ -43,3 +45,23 @@ EXTRA_CLEAN = output_iso
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# idempotency--1.3.sql: idempotency--1.3.sql.in with its place-holder line
+# replaced by the scripts of UPDATE_CHAIN, each under a "from" line, without
+# its psql guard (\echo ... \quit), so that a new installation is exactly an
+# updated one.
+idempotency--1.3.sql: $(srcdir)/idempotency--1.3.sql.in $(addprefix $(srcdir)/,$(UPDATE_CHAIN))
+	awk -v chain='$(addprefix $(srcdir)/,$(UPDATE_CHAIN))' ' \
+		$$0 != "@UPDATE_CHAIN@" { print; next } \
+		{ \
+			n = split(chain, file, " "); \
+			for (i = 1; i <= n; i++) { \
+				name = file[i]; sub(/.*\//, "", name); \
+				print "/* ---------------- from " name " ---------------- */"; \
+				print ""; \
+				while ((getline line < file[i]) > 0) \
+					if (line !~ /^\\echo /) print line; \
+				close(file[i]); \
+				print ""; \
+			} \
+		}' $(srcdir)/idempotency--1.3.sql.in > $@.tmp && mv $@.tmp $@
