@@ -103,10 +103,7 @@ idem_purge(PG_FUNCTION_ARGS)
 	Oid			result_relid;
 	uint64		deleted = 0;
 
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("argument \"%s\" must not be null", "max_rows")));
+	idem_require_arg(fcinfo, 0, "max_rows");
 	max_rows = PG_GETARG_INT32(0);
 	if (max_rows < 1)
 		ereport(ERROR,
@@ -212,10 +209,7 @@ durability_from_name(const char *name)
 Datum
 idem_set_durability(PG_FUNCTION_ARGS)
 {
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("argument \"%s\" must not be null", "mode")));
+	idem_require_arg(fcinfo, 0, "mode");
 	set_durability(fcinfo, durability_from_name(text_to_cstring(PG_GETARG_TEXT_PP(0))));
 	PG_RETURN_VOID();
 }
@@ -235,10 +229,7 @@ idem_durability(PG_FUNCTION_ARGS)
 Datum
 idem_set_logged(PG_FUNCTION_ARGS)
 {
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("argument \"%s\" must not be null", "logged")));
+	idem_require_arg(fcinfo, 0, "logged");
 	set_durability(fcinfo, PG_GETARG_BOOL(0) ? IDEM_DURABILITY_ALL : IDEM_DURABILITY_NONE);
 	PG_RETURN_VOID();
 }
