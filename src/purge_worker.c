@@ -129,6 +129,7 @@ idem_purge_init(void)
 	 * of the counters.
 	 */
 	if (process_shared_preload_libraries_in_progress)
+	{
 		DefineCustomStringVariable("idempotency.databases",
 								   "Databases the purge worker keeps clean (comma-separated).",
 								   "Only used when idempotency is in shared_preload_libraries.",
@@ -137,10 +138,8 @@ idem_purge_init(void)
 								   PGC_POSTMASTER,
 								   0,
 								   check_databases, NULL, NULL);
-
-
-	if (process_shared_preload_libraries_in_progress)
 		register_workers();
+	}
 }
 
 /*
