@@ -9,10 +9,11 @@ OBJS = $(patsubst $(srcdir)/%.c,%.o,$(wildcard $(srcdir)/src/*.c))
 UPDATE_CHAIN = idempotency--1.0.sql \
 	idempotency--1.0--1.1.sql \
 	idempotency--1.1--1.2.sql \
-	idempotency--1.2--1.3.sql
+	idempotency--1.2--1.3.sql \
+	idempotency--1.3--1.4.sql
 DATA = $(UPDATE_CHAIN)
-# the install script of 1.3 is built from them (below)
-DATA_built = idempotency--1.3.sql
+# the install script of 1.4 is built from them (below)
+DATA_built = idempotency--1.4.sql
 PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
 
 # every file includes the shared header (PGXS tracks no header dependencies)
@@ -46,11 +47,11 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# idempotency--1.3.sql: idempotency--1.3.sql.in with its place-holder line
+# idempotency--1.4.sql: idempotency--1.4.sql.in with its place-holder line
 # replaced by the scripts of UPDATE_CHAIN, each under a "from" line, without
 # its psql guard (\echo ... \quit), so that a new installation is exactly an
 # updated one.
-idempotency--1.3.sql: $(srcdir)/idempotency--1.3.sql.in $(addprefix $(srcdir)/,$(UPDATE_CHAIN))
+idempotency--1.4.sql: $(srcdir)/idempotency--1.4.sql.in $(addprefix $(srcdir)/,$(UPDATE_CHAIN))
 	awk -v chain='$(addprefix $(srcdir)/,$(UPDATE_CHAIN))' ' \
 		$$0 != "@UPDATE_CHAIN@" { print; next } \
 		{ \
@@ -64,4 +65,4 @@ idempotency--1.3.sql: $(srcdir)/idempotency--1.3.sql.in $(addprefix $(srcdir)/,$
 				close(file[i]); \
 				print ""; \
 			} \
-		}' $(srcdir)/idempotency--1.3.sql.in > $@.tmp && mv $@.tmp $@
+		}' $(srcdir)/idempotency--1.4.sql.in > $@.tmp && mv $@.tmp $@
