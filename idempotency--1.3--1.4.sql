@@ -1,3 +1,158 @@
-/* idempotency--1.3--1.4.sql: version 1.4 */
+/* idempotency--1.3--1.4.sql: takeover by session, checkpoints, remembered keys; the mode survives a dump */
 
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '1.4'" to load this file. \quit
+
+/*
+ * New columns of both record tables (src/storage.c finds every column by
+ * name; a DBA's own columns may sit anywhere):
+ *	holder		the session that made a claim with takeover => 'session'
+ *	checkpoint	the last idem_checkpoint state of a pending claim
+ *	takeovers	how many times the key was taken over
+ *	forget_at	until when a completed key is remembered after its
+ *				response has expired (remember => ...)
+ * None of them rewrites the table: records in flight stay as they are.
+ */
+ALTER TABLE @extschema@.idem_record
+	ADD COLUMN holder pg_catalog.int8,
+	ADD COLUMN checkpoint pg_catalog.jsonb,
+	ADD COLUMN takeovers pg_catalog.int4 NOT NULL DEFAULT 0,
+	ADD COLUMN forget_at pg_catalog.timestamptz;
+ALTER TABLE @extschema@.idem_result
+	ADD COLUMN holder pg_catalog.int8,
+	ADD COLUMN checkpoint pg_catalog.jsonb,
+	ADD COLUMN takeovers pg_catalog.int4 NOT NULL DEFAULT 0,
+	ADD COLUMN forget_at pg_catalog.timestamptz;
+
+/*
+ * idem_begin gains takeover and remember.  A new argument list is a new
+ * function: the old one is dropped (a view that calls it would stop this
+ * update, which then says so).
+ */
+DROP FUNCTION @extschema@.idem_begin(pg_catalog.text, pg_catalog.text, pg_catalog.bytea,
+									 pg_catalog.text, pg_catalog.interval, pg_catalog.interval);
+CREATE FUNCTION @extschema@.idem_begin(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	fingerprint	pg_catalog.bytea,
+	in_flight	pg_catalog.text DEFAULT NULL,
+	lease		pg_catalog.interval DEFAULT NULL,
+	ttl			pg_catalog.interval DEFAULT NULL,
+	takeover	pg_catalog.text DEFAULT NULL,
+	remember	pg_catalog.interval DEFAULT NULL)
+RETURNS @extschema@.idem_claim
+AS 'MODULE_PATHNAME', 'idem_begin'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_checkpoint(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	token		pg_catalog.int8,
+	state		pg_catalog.jsonb)
+RETURNS pg_catalog.void
+AS 'MODULE_PATHNAME', 'idem_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+/* idem_inspect shows the checkpoint, the takeovers and remembering */
+DROP FUNCTION @extschema@.idem_inspect(pg_catalog.text, pg_catalog.text);
+CREATE FUNCTION @extschema@.idem_inspect(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	OUT state		pg_catalog.text,
+	OUT token		pg_catalog.int8,
+	OUT fingerprint	pg_catalog.bytea,
+	OUT created_at	pg_catalog.timestamptz,
+	OUT lease_until	pg_catalog.timestamptz,
+	OUT completed_at pg_catalog.timestamptz,
+	OUT expires_at	pg_catalog.timestamptz,
+	OUT uncommitted	pg_catalog.bool,
+	OUT response	pg_catalog.jsonb,
+	OUT checkpoint	pg_catalog.jsonb,
+	OUT takeovers	pg_catalog.int4,
+	OUT remembered_until pg_catalog.timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_inspect'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+/* two counters more: 'recover' results and IK410 refusals */
+DROP VIEW @extschema@.idem_stats_counters;
+DROP FUNCTION @extschema@.idem_counters();
+CREATE FUNCTION @extschema@.idem_counters(
+	OUT claims				pg_catalog.int8,
+	OUT replays				pg_catalog.int8,
+	OUT waits				pg_catalog.int8,
+	OUT wait_time_ms		pg_catalog.float8,
+	OUT in_progress_refusals pg_catalog.int8,
+	OUT key_reuse_refusals	pg_catalog.int8,
+	OUT takeovers			pg_catalog.int8,
+	OUT fencing_refusals	pg_catalog.int8,
+	OUT aborts				pg_catalog.int8,
+	OUT purged				pg_catalog.int8,
+	OUT recoveries			pg_catalog.int8,
+	OUT expired_refusals	pg_catalog.int8,
+	OUT stats_reset			pg_catalog.timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_counters'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
+CREATE VIEW @extschema@.idem_stats_counters AS
+	SELECT * FROM @extschema@.idem_counters();
+
+GRANT EXECUTE ON FUNCTION
+	@extschema@.idem_begin(pg_catalog.text, pg_catalog.text, pg_catalog.bytea,
+						   pg_catalog.text, pg_catalog.interval, pg_catalog.interval,
+						   pg_catalog.text, pg_catalog.interval),
+	@extschema@.idem_checkpoint(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb),
+	@extschema@.idem_inspect(pg_catalog.text, pg_catalog.text),
+	@extschema@.idem_counters()
+TO PUBLIC;
+GRANT SELECT ON @extschema@.idem_stats_counters TO PUBLIC;
+
+/*
+ * The durability mode, kept where a dump finds it.  The mode itself is the
+ * tables' persistence, which a dump does not carry: CREATE EXTENSION in the
+ * restored database starts in 'completed'.  idem_set_durability writes the
+ * mode here too; pg_dump dumps this row, and restoring it switches the
+ * restored database to the mode that was dumped, replacing the row that
+ * CREATE EXTENSION wrote (idem_mode_restored).
+ * Records restored into either table are settled where the mode keeps them
+ * (idem_settle): a statement trigger, which the idem_* functions' own
+ * writes never fire, only INSERT and COPY do.
+ */
+CREATE TABLE @extschema@.idem_mode (
+	durability	pg_catalog.text NOT NULL
+		CHECK (durability OPERATOR(pg_catalog.=) ANY (ARRAY['none', 'completed', 'all'])),
+	one_row		pg_catalog.bool NOT NULL DEFAULT true PRIMARY KEY CHECK (one_row)
+);
+REVOKE ALL ON @extschema@.idem_mode FROM PUBLIC;
+GRANT SELECT ON @extschema@.idem_mode TO pg_database_owner;
+SELECT pg_catalog.pg_extension_config_dump('idem_mode', '');
+
+COMMENT ON TABLE @extschema@.idem_mode IS
+	'The durability mode, for pg_dump. Written by idem_set_durability; restoring it switches to that mode.';
+
+CREATE FUNCTION @extschema@.idem_mode_restored()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_mode_restored'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION @extschema@.idem_settle()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_settle'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+REVOKE ALL ON FUNCTION
+	@extschema@.idem_mode_restored(),
+	@extschema@.idem_settle()
+FROM PUBLIC;
+
+CREATE TRIGGER idem_mode_restored BEFORE INSERT OR UPDATE ON @extschema@.idem_mode
+	FOR EACH ROW EXECUTE FUNCTION @extschema@.idem_mode_restored();
+CREATE TRIGGER idem_settle AFTER INSERT ON @extschema@.idem_record
+	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_settle();
+CREATE TRIGGER idem_settle AFTER INSERT ON @extschema@.idem_result
+	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_settle();
+
+/* the current mode, so that a dump of the updated database carries it */
+SELECT @extschema@.idem_set_durability(@extschema@.idem_durability());

@@ -28,8 +28,10 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "catalog/pg_class_d.h"
 #include "catalog/pg_type_d.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "utils/builtins.h"
@@ -76,17 +78,47 @@ run_sql(const char *query, int nargs, Oid *argtypes, Datum *args, int expected)
 static uint64
 purge_table(Oid relid, int32 max_rows)
 {
+	bool		remembers = get_attnum(relid, "forget_at") != InvalidAttrNumber;
 	char	   *table = qualified_name(relid);
 	Oid			argtypes[1] = {INT4OID};
 	Datum		args[1] = {Int32GetDatum(max_rows)};
 
-	return run_sql(psprintf("DELETE FROM %s"
-							" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
-							"   SELECT ctid FROM %s"
-							"    WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
-							"    LIMIT $1 FOR UPDATE SKIP LOCKED))",
-							table, table),
-				   1, argtypes, args, SPI_OK_DELETE);
+	uint64		n;
+
+	if (!remembers)
+		return run_sql(psprintf("DELETE FROM %s"
+								" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+								"   SELECT ctid FROM %s"
+								"    WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+								"    LIMIT $1 FOR UPDATE SKIP LOCKED))",
+								table, table),
+					   1, argtypes, args, SPI_OK_DELETE);
+
+	/*
+	 * Version 1.4: a remembered key loses its response at the end of its
+	 * retention and the row at the end of remembering.  (A pending claim's
+	 * forget_at is not an end yet: see claim.c.)
+	 */
+	n = run_sql(psprintf("DELETE FROM %s"
+						 " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+						 "   SELECT ctid FROM %s"
+						 "    WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+						 "      AND (completed_at IS NULL OR forget_at IS NULL"
+						 "           OR forget_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp())"
+						 "    LIMIT $1 FOR UPDATE SKIP LOCKED))",
+						 table, table),
+				1, argtypes, args, SPI_OK_DELETE);
+	if (n < (uint64) max_rows)
+		(void) run_sql(psprintf("UPDATE %s SET response = NULL"
+								" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+								"   SELECT ctid FROM %s"
+								"    WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+								"      AND completed_at IS NOT NULL AND response IS NOT NULL"
+								"      AND forget_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()"
+								"    LIMIT $1 FOR UPDATE SKIP LOCKED))",
+								table, table),
+					   1, argtypes, args, SPI_OK_UPDATE);
+	return n;
 }
 
 /*
@@ -142,25 +174,95 @@ current_durability(Oid record_relid, Oid result_relid)
 }
 
 /*
- * Switch to a mode: lock both tables, move the completed records to the
- * table the mode keeps them in, and set each table's persistence (which
- * rewrites a table whose persistence changes).
+ * Move the records that belong in the other table: to idem_result
+ * (to_results) the completed ones and the claims that have a checkpoint
+ * (both must survive a crash in mode 'completed'), back to idem_record
+ * all of them.  Only our columns are named: each table may have columns
+ * of the DBA's own.  Every row deleted must be inserted: a trigger that
+ * skips either write is an error, not a lost record.
  */
 static void
-set_durability(FunctionCallInfo fcinfo, IdemDurability mode)
+move_records(const char *from, const char *to, bool to_results, bool has_1_4)
 {
-	Oid			record_relid = idem_store_relid(fcinfo->flinfo->fn_oid);
-	Oid			result_relid = idem_store_result_relid(fcinfo->flinfo->fn_oid);
+	const char *cols = has_1_4 ?
+		"role_id, operation, key, token, fingerprint, ttl, created_at, completed_at,"
+		" expires_at, response, holder, checkpoint, takeovers, forget_at" :
+		"role_id, operation, key, token, fingerprint, ttl, created_at, completed_at,"
+		" expires_at, response";
+	const char *which = !to_results ? "true" : has_1_4 ?
+		"completed_at IS NOT NULL OR checkpoint IS NOT NULL" :
+		"completed_at IS NOT NULL";
+	bool		isnull;
+	int64		deleted,
+				inserted;
+
+	run_sql(psprintf("WITH moved AS (DELETE FROM %s WHERE %s RETURNING %s),"
+					 " ins AS (INSERT INTO %s (%s) SELECT %s FROM moved RETURNING 1)"
+					 " SELECT (SELECT pg_catalog.count(*) FROM moved),"
+					 " (SELECT pg_catalog.count(*) FROM ins)",
+					 from, which, cols, to, cols, cols),
+			0, NULL, NULL, SPI_OK_SELECT);
+	deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	inserted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	if (deleted != inserted)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+				 errmsg("a trigger on table %s skipped %lld of the %lld records moved there",
+						to, (long long) (deleted - inserted), (long long) deleted),
+				 errhint("Triggers on the idempotency tables must return the row they are given.")));
+	run_sql(psprintf("SELECT 1 FROM %s WHERE %s LIMIT 1", from, which),
+			0, NULL, NULL, SPI_OK_SELECT);
+	if (SPI_processed != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+				 errmsg("a trigger on table %s kept records from being moved out of it", from),
+				 errhint("Triggers on the idempotency tables must return the row they are given.")));
+}
+
+/*
+ * Set while this backend switches modes or settles records: the triggers
+ * on the tables (idem_mode_restored, idem_settle) then stay out of the
+ * way of the statements it runs itself.
+ */
+static bool switching = false;
+
+/* The durability row (version 1.4): what a dump carries of the mode */
+static void
+record_mode(Oid fn_oid, IdemDurability mode)
+{
+	Oid			relid = idem_store_table(fn_oid, "idem_mode");
+	char	   *table;
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		args[1];
+
+	if (!OidIsValid(relid))
+		return;					/* before version 1.4 */
+	table = qualified_name(relid);
+	args[0] = CStringGetTextDatum(durability_names[mode]);
+	run_sql(psprintf("DELETE FROM %s", table), 0, NULL, NULL, SPI_OK_DELETE);
+	run_sql(psprintf("INSERT INTO %s (durability) VALUES ($1)", table),
+			1, argtypes, args, SPI_OK_INSERT);
+}
+
+/*
+ * Switch to a mode: lock both tables, move the completed records to the
+ * table the mode keeps them in, and set each table's persistence (which
+ * rewrites a table whose persistence changes).  The caller is connected to
+ * SPI and has set switching.
+ */
+static void
+switch_tables(Oid fn_oid, IdemDurability mode)
+{
+	Oid			record_relid = idem_store_relid(fn_oid);
+	Oid			result_relid = idem_store_result_relid(fn_oid);
 	char	   *records = qualified_name(record_relid);
 
-	SPI_connect();
 	if (!OidIsValid(result_relid))
 	{
 		/* before 1.3: one table */
 		run_sql(psprintf("ALTER TABLE %s SET %s", records,
 						 mode == IDEM_DURABILITY_NONE ? "UNLOGGED" : "LOGGED"),
 				0, NULL, NULL, SPI_OK_UTILITY);
-		SPI_finish();
 		return;
 	}
 	else
@@ -172,9 +274,8 @@ set_durability(FunctionCallInfo fcinfo, IdemDurability mode)
 		run_sql(psprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE",
 						 records, results),
 				0, NULL, NULL, SPI_OK_UTILITY);
-		run_sql(psprintf("WITH moved AS (DELETE FROM %s WHERE completed_at IS NOT NULL RETURNING *)"
-						 " INSERT INTO %s SELECT * FROM moved", from, to),
-				0, NULL, NULL, SPI_OK_INSERT);
+		move_records(from, to, mode == IDEM_DURABILITY_COMPLETED,
+					 get_attnum(record_relid, "checkpoint") != InvalidAttrNumber);
 		run_sql(psprintf("ALTER TABLE %s SET %s", results,
 						 mode == IDEM_DURABILITY_NONE ? "UNLOGGED" : "LOGGED"),
 				0, NULL, NULL, SPI_OK_UTILITY);
@@ -182,7 +283,6 @@ set_durability(FunctionCallInfo fcinfo, IdemDurability mode)
 						 mode == IDEM_DURABILITY_ALL ? "LOGGED" : "UNLOGGED"),
 				0, NULL, NULL, SPI_OK_UTILITY);
 	}
-	SPI_finish();
 
 	/*
 	 * Every backend looks at the tables' persistence when it opens them,
@@ -190,6 +290,42 @@ set_durability(FunctionCallInfo fcinfo, IdemDurability mode)
 	 * invalidation even when idem_record's persistence did not change.
 	 */
 	CacheInvalidateRelcacheByRelid(record_relid);
+}
+
+/*
+ * Run fn(fn_oid, mode) connected to SPI with switching set, whatever
+ * happens.
+ */
+static void
+while_switching(void (*fn) (Oid, IdemDurability), Oid fn_oid, IdemDurability mode)
+{
+	bool		was = switching;
+
+	switching = true;
+	PG_TRY();
+	{
+		SPI_connect();
+		fn(fn_oid, mode);
+		SPI_finish();
+	}
+	PG_FINALLY();
+	{
+		switching = was;
+	}
+	PG_END_TRY();
+}
+
+static void
+set_durability_and_record(Oid fn_oid, IdemDurability mode)
+{
+	switch_tables(fn_oid, mode);
+	record_mode(fn_oid, mode);
+}
+
+static void
+set_durability(FunctionCallInfo fcinfo, IdemDurability mode)
+{
+	while_switching(set_durability_and_record, fcinfo->flinfo->fn_oid, mode);
 }
 
 static IdemDurability
@@ -232,4 +368,86 @@ idem_set_logged(PG_FUNCTION_ARGS)
 	idem_require_arg(fcinfo, 0, "logged");
 	set_durability(fcinfo, PG_GETARG_BOOL(0) ? IDEM_DURABILITY_ALL : IDEM_DURABILITY_NONE);
 	PG_RETURN_VOID();
+}
+
+/* ---- restoring a dump (version 1.4) ---- */
+
+static void
+restore_mode(Oid fn_oid, IdemDurability mode)
+{
+	/* the row being inserted replaces the one CREATE EXTENSION wrote */
+	run_sql(psprintf("DELETE FROM %s",
+					 qualified_name(idem_store_table(fn_oid, "idem_mode"))),
+			0, NULL, NULL, SPI_OK_DELETE);
+	if (current_durability(idem_store_relid(fn_oid),
+						   idem_store_result_relid(fn_oid)) != mode)
+		switch_tables(fn_oid, mode);
+}
+
+/*
+ * idem_mode_restored: BEFORE INSERT OR UPDATE trigger on idem_mode.  A
+ * row written by anything but idem_set_durability -- pg_restore loading a
+ * dump, a DBA -- switches to the mode it names.
+ */
+PG_FUNCTION_INFO_V1(idem_mode_restored);
+
+Datum
+idem_mode_restored(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	HeapTuple	row;
+	bool		isnull;
+	Datum		d;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		elog(ERROR, "idempotency: idem_mode_restored must be a row trigger");
+	row = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
+		trigdata->tg_newtuple : trigdata->tg_trigtuple;
+	if (switching)
+		return PointerGetDatum(row);
+
+	d = heap_getattr(row, 1, RelationGetDescr(trigdata->tg_relation), &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("durability mode must not be null")));
+	while_switching(restore_mode, fcinfo->flinfo->fn_oid,
+					durability_from_name(TextDatumGetCString(d)));
+	return PointerGetDatum(row);
+}
+
+static void
+settle(Oid fn_oid, IdemDurability mode)
+{
+	Oid			record_relid = idem_store_relid(fn_oid);
+	Oid			result_relid = idem_store_result_relid(fn_oid);
+	char	   *records = qualified_name(record_relid);
+	char	   *results = qualified_name(result_relid);
+
+	if (mode == IDEM_DURABILITY_COMPLETED)
+		move_records(records, results, true, true);
+	else
+		move_records(results, records, false, true);
+}
+
+/*
+ * idem_settle: AFTER INSERT statement trigger on both tables.  Records
+ * inserted by SQL -- a dump being restored, from any earlier version and
+ * any mode -- are moved to where the current mode keeps them, so that a
+ * completed record restored into a database in mode 'completed' is in the
+ * logged table.  The idem_* functions' own writes do not fire statement
+ * triggers.
+ */
+PG_FUNCTION_INFO_V1(idem_settle);
+
+Datum
+idem_settle(PG_FUNCTION_ARGS)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		elog(ERROR, "idempotency: idem_settle must be a trigger");
+	if (!switching)
+		while_switching(settle, fcinfo->flinfo->fn_oid,
+						current_durability(idem_store_relid(fcinfo->flinfo->fn_oid),
+										   idem_store_result_relid(fcinfo->flinfo->fn_oid)));
+	return PointerGetDatum(NULL);
 }

@@ -4,8 +4,9 @@
  *	  What a call asks for: the arguments of the idem_* functions, checked,
  *	  and the settings that give their defaults.
  *
- * idempotency.in_flight, idempotency.lease and idempotency.ttl are the
- * defaults of idem_begin's arguments (an explicit argument always wins);
+ * idempotency.in_flight, idempotency.lease, idempotency.ttl,
+ * idempotency.takeover and idempotency.remember are the defaults of
+ * idem_begin's arguments (an explicit argument always wins);
  * idempotency.max_response_size limits idem_finish's response.
  *
  * Every check raises the SQLSTATE the README's table names: 22004 for a
@@ -25,6 +26,7 @@
 #include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 #include "idempotency.h"
 
@@ -32,6 +34,8 @@ int			idem_in_flight = IDEM_IN_FLIGHT_WAIT;
 int			idem_lease_ms = 30 * 1000;
 int			idem_ttl_s = 24 * 60 * 60;
 int			idem_max_response_size = 64 * 1024;
+int			idem_takeover = IDEM_TAKEOVER_LEASE;
+int			idem_remember_s = 0;
 
 /* ---- arguments ---- */
 
@@ -160,18 +164,54 @@ idem_policy_arg(FunctionCallInfo fcinfo, int argno)
 	pg_unreachable();
 }
 
-/* ---- idem_finish's response ---- */
+IdemTakeover
+idem_takeover_arg(FunctionCallInfo fcinfo, int argno)
+{
+	char	   *name;
+
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return (IdemTakeover) idem_takeover;
+
+	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	if (pg_strcasecmp(name, "lease") == 0)
+		return IDEM_TAKEOVER_LEASE;
+	if (pg_strcasecmp(name, "session") == 0)
+		return IDEM_TAKEOVER_SESSION;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("unknown takeover policy \"%s\"", name),
+			 errhint("Use 'lease' or 'session'.")));
+	pg_unreachable();
+}
+
+/* idem_begin's remember, in microseconds (0: off) */
+int64
+idem_remember_arg(FunctionCallInfo fcinfo, int argno)
+{
+	int64		usecs;
+
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return (int64) idem_remember_s * USECS_PER_SEC;
+	usecs = idem_interval_usecs(PG_GETARG_INTERVAL_P(argno), "remember");
+	if (usecs < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency remember must not be negative")));
+	return usecs;
+}
+
+/* ---- responses and checkpoints ---- */
 
 static void
-response_too_large(bool as_text, Size size)
+response_too_large(const char *name, bool as_text, Size size)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-			 errmsg("idempotency response is too large"),
+			 errmsg("idempotency %s is too large", name),
 			 as_text ?
 			 errdetail("Its text form takes %zu bytes; idempotency.max_response_size is %d bytes.",
 					   size, idem_max_response_size) :
-			 errdetail("The response takes %zu bytes; idempotency.max_response_size is %d bytes.",
+			 errdetail("It takes %zu bytes; idempotency.max_response_size is %d bytes.",
 					   size, idem_max_response_size),
 			 errhint("Store the response elsewhere and finish with a reference to it.")));
 }
@@ -185,7 +225,7 @@ response_too_large(bool as_text, Size size)
  * quoted inside a row, well below PostgreSQL's 1 GB limit for one value.
  */
 Jsonb *
-idem_response_arg(FunctionCallInfo fcinfo, int argno)
+idem_response_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 {
 	Jsonb	   *response;
 	char	   *text;
@@ -193,15 +233,16 @@ idem_response_arg(FunctionCallInfo fcinfo, int argno)
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("argument \"%s\" must not be null", "response"),
-				 errhint("Use idem_abort to release a claim without a result.")));
+				 errmsg("argument \"%s\" must not be null", name),
+				 strcmp(name, "response") == 0 ?
+				 errhint("Use idem_abort to release a claim without a result.") : 0));
 	response = PG_GETARG_JSONB_P(argno);
 
 	if (VARSIZE(response) > (Size) idem_max_response_size)
-		response_too_large(false, VARSIZE(response));
+		response_too_large(name, false, VARSIZE(response));
 	text = JsonbToCString(NULL, &response->root, VARSIZE(response));
 	if (strlen(text) > (Size) idem_max_response_size)
-		response_too_large(true, strlen(text));
+		response_too_large(name, true, strlen(text));
 	pfree(text);
 	return response;
 }
@@ -230,6 +271,8 @@ enum
 	CHECKED_LEASE,
 	CHECKED_TTL,
 	CHECKED_MAX_RESPONSE_SIZE,
+	CHECKED_TAKEOVER,
+	CHECKED_REMEMBER,
 	NUM_CHECKED_SETTINGS
 };
 
@@ -238,6 +281,8 @@ static CheckedSetting checked[NUM_CHECKED_SETTINGS] = {
 	{"idempotency.lease"},
 	{"idempotency.ttl"},
 	{"idempotency.max_response_size"},
+	{"idempotency.takeover"},
+	{"idempotency.remember"},
 };
 
 /* A valid value was assigned: whatever was given before no longer counts */
@@ -263,6 +308,18 @@ static void
 assign_max_response_size(int newval, void *extra)
 {
 	checked[CHECKED_MAX_RESPONSE_SIZE].invalid_value = NULL;
+}
+
+static void
+assign_takeover(int newval, void *extra)
+{
+	checked[CHECKED_TAKEOVER].invalid_value = NULL;
+}
+
+static void
+assign_remember(int newval, void *extra)
+{
+	checked[CHECKED_REMEMBER].invalid_value = NULL;
 }
 
 void
@@ -313,6 +370,12 @@ check_placeholders(void)
 static const struct config_enum_entry in_flight_options[] = {
 	{"wait", IDEM_IN_FLIGHT_WAIT, false},
 	{"raise", IDEM_IN_FLIGHT_RAISE, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry takeover_options[] = {
+	{"lease", IDEM_TAKEOVER_LEASE, false},
+	{"session", IDEM_TAKEOVER_SESSION, false},
 	{NULL, 0, false}
 };
 
@@ -370,6 +433,29 @@ idem_args_init(void)
 							PGC_SUSET,
 							GUC_UNIT_BYTE,
 							NULL, assign_max_response_size, NULL);
+
+	DefineCustomEnumVariable("idempotency.takeover",
+							 "When a committed claim that was not finished may be taken over.",
+							 "lease: when its lease lapses; session: also as soon as the "
+							 "session that made it ends.",
+							 &idem_takeover,
+							 IDEM_TAKEOVER_LEASE,
+							 takeover_options,
+							 PGC_USERSET,
+							 0,
+							 NULL, assign_takeover, NULL);
+
+	DefineCustomIntVariable("idempotency.remember",
+							"Default time a completed key is remembered, from its completion.",
+							"Past its ttl the response is gone, but a retry within this time gets "
+							"SQLSTATE IK410 instead of running again. 0: off.",
+							&idem_remember_s,
+							0,
+							0,
+							INT_MAX,
+							PGC_USERSET,
+							GUC_UNIT_S,
+							NULL, assign_remember, NULL);
 
 	check_placeholders();
 }

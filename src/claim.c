@@ -9,7 +9,9 @@
  * as absent.  The rules, applied to the newest version of the record under
  * the key lock (locks.c):
  *
- *	absent or expired			claim it: status 'new' with a fresh token
+ *	absent or expired			claim it: status 'new' with a fresh token, or
+ *								'recover' when it takes over a claim that
+ *								has a checkpoint (version 1.4)
  *	live, other fingerprint		IK422
  *	being changed by another	raise: IK409; wait: sleep on that
  *	transaction					transaction, then look again
@@ -18,7 +20,11 @@
  *								abort or the lease end, then look again
  *	completed					'replay' -- or 40001 when a REPEATABLE READ
  *								snapshot cannot see that result
+ *	completed, past its ttl		IK410 (version 1.4): its response is gone,
+ *	but remembered				the request must not run again
  *
+ * A pending claim made with takeover => 'session' also lapses when the
+ * session that made it has ended (locks.c).
  * The key lock is held only between looking and writing; every sleep
  * happens without it.  A replay is answered by a first look without the
  * lock (claim_begin says why that is safe).
@@ -47,12 +53,16 @@ PG_FUNCTION_INFO_V1(idem_begin);
 PG_FUNCTION_INFO_V1(idem_finish);
 PG_FUNCTION_INFO_V1(idem_abort);
 PG_FUNCTION_INFO_V1(idem_renew);
+PG_FUNCTION_INFO_V1(idem_checkpoint);
 
 typedef enum ClaimStatus
 {
 	CLAIM_NEW,
-	CLAIM_REPLAY
+	CLAIM_REPLAY,
+	CLAIM_RECOVER				/* taken over, with the checkpoint to resume from */
 } ClaimStatus;
+
+static const char *const status_names[] = {"new", "replay", "recover"};
 
 /* ---- errors ---- */
 
@@ -131,30 +141,72 @@ raise_stale_token(const IdemKey *key, int64 token)
 			 errdetail("The claim was finished or aborted, or its lease lapsed and another attempt took the key over.")));
 }
 
+static void
+raise_response_expired(const IdemKey *key, const IdemRecord *rec)
+{
+	idem_count(IDEM_COUNT_EXPIRED, 1);
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEMPOTENCY_RESPONSE_EXPIRED),
+			 errmsg("request with idempotency key \"%s\" was completed, and its stored response has expired",
+					text_to_cstring(key->key)),
+			 errdetail("It was completed at %s; its response was kept until %s, the key is remembered until %s.",
+					   pstrdup(timestamptz_to_str(rec->completed_at)),
+					   pstrdup(timestamptz_to_str(rec->expires_at)),
+					   pstrdup(timestamptz_to_str(rec->forget_at))),
+			 errhint("Do not run the request again; use a new key for a new request.")));
+}
+
 /* ---- idem_begin ---- */
 
 /*
  * Live: another transaction is inserting it, or it is pending in ours, or
- * it is within its lease / retention.  Anything else counts as absent.
+ * it is within its lease / retention -- and, for a committed claim made
+ * with takeover => 'session', the session that made it is still there.
+ * Anything else counts as absent.
  */
 static bool
 record_is_live(const IdemRecord *rec, TimestampTz now)
 {
 	if (IdemRecordIsPending(rec) && (rec->mine || rec->uncommitted))
 		return true;
-	return rec->expires_at > now;
+	if (rec->expires_at <= now)
+		return false;
+	if (IdemRecordIsPending(rec) && rec->holder != 0 &&
+		!TransactionIdIsValid(rec->busy_xid))
+		return idem_session_alive(rec->holder);
+	return true;
 }
+
+/* Completed, past its retention, and still remembered (version 1.4) */
+static bool
+record_is_remembered(const IdemRecord *rec, TimestampTz now)
+{
+	return !IdemRecordIsPending(rec) && rec->expires_at <= now &&
+		rec->forget_at > now;
+}
+
+/* What idem_begin was asked for */
+typedef struct ClaimRequest
+{
+	bytea	   *fingerprint;
+	IdemInFlightPolicy policy;
+	IdemTakeover takeover;
+	int64		lease;
+	Interval	ttl;
+	int64		remember;		/* 0: off */
+} ClaimRequest;
 
 /*
  * The claim loop of idem_begin.  *waited_since is set to when it first had
  * to wait (0: it never did).
  */
 static ClaimStatus
-claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
-			IdemInFlightPolicy policy, int64 lease, const Interval *ttl,
+claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 			IdemRecord *rec, TimestampTz *waited_since)
 {
 	TimestampTz lock_deadline = 0;
+	bytea	   *fingerprint = req->fingerprint;
+	IdemInFlightPolicy policy = req->policy;
 
 	*waited_since = 0;
 
@@ -166,7 +218,7 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 	 * Replays of one key then never queue behind each other.  Anything else
 	 * is decided under the lock, looking again.
 	 */
-	if (idem_store_fetch(store, key, rec) &&
+	if (idem_store_peek(store, key, rec) &&
 		!TransactionIdIsValid(rec->busy_xid) && !IdemRecordIsPending(rec) &&
 		rec->in_snapshot && record_is_live(rec, GetCurrentTimestamp()))
 	{
@@ -242,8 +294,8 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 				if (store->heap[t] != NULL)
 					relids[nrelids++] = RelationGetRelid(store->heap[t]);
 			idem_store_close(store, true);
-			idem_wait_for_wakeup(key, rec->expires_at, lock_deadline,
-								 relids, nrelids);
+			idem_wait_for_wakeup(key, rec->holder, rec->expires_at,
+								 lock_deadline, relids, nrelids);
 			idem_store_open(store, store->fn_oid, store->lockmode);
 			continue;
 		}
@@ -256,15 +308,31 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 			continue;
 		}
 
+		if (found && record_is_remembered(rec, now))
+		{
+			check_fingerprint(key, rec, fingerprint);
+			raise_response_expired(key, rec);
+		}
+
 		/* absent or expired: claim it */
 		memset(&claim, 0, sizeof(claim));
 		claim.token = idem_next_token(store);
 		claim.fingerprint = fingerprint;
-		claim.ttl = *ttl;
+		claim.ttl = req->ttl;
 		claim.created_at = now;
 		claim.completed_at = 0;
-		claim.expires_at = now + lease;
+		claim.expires_at = now + req->lease;
 		claim.response = NULL;
+		claim.holder = req->takeover == IDEM_TAKEOVER_SESSION ?
+			idem_session_holder() : 0;
+		/* until the finish, forget_at - created_at is the remember time */
+		claim.forget_at = req->remember > 0 ? now + req->remember : 0;
+		if (found && IdemRecordIsPending(rec))
+		{
+			/* a takeover: the next owner resumes from the checkpoint */
+			claim.checkpoint = rec->checkpoint;
+			claim.takeovers = rec->takeovers + 1;
+		}
 
 		if (!found)
 			idem_store_insert(store, key, &claim);
@@ -286,21 +354,23 @@ claim_begin(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 		}
 		idem_unlock_key(key);
 		*rec = claim;
-		return CLAIM_NEW;
+		return claim.checkpoint != NULL ? CLAIM_RECOVER : CLAIM_NEW;
 	}
 }
 
 static Oid	result_fn_oid = InvalidOid;
 static Oid	result_type = InvalidOid;
 
+/*
+ * idem_begin(operation, key, fingerprint, in_flight, lease, ttl
+ *			  [, takeover, remember]): the last two came with version 1.4;
+ * the SQL function of an earlier version has six arguments.
+ */
 Datum
 idem_begin(PG_FUNCTION_ARGS)
 {
 	IdemKey		key;
-	bytea	   *fingerprint;
-	IdemInFlightPolicy policy;
-	int64		lease;
-	Interval	ttl;
+	ClaimRequest req;
 	int64		ttl_usecs;
 	IdemStore	store;
 	IdemRecord	rec;
@@ -314,24 +384,26 @@ idem_begin(PG_FUNCTION_ARGS)
 	idem_check_settings();
 
 	idem_key_from_args(fcinfo, &key);
-	fingerprint = idem_fingerprint_arg(fcinfo, 2);
-	policy = idem_policy_arg(fcinfo, 3);
+	req.fingerprint = idem_fingerprint_arg(fcinfo, 2);
+	req.policy = idem_policy_arg(fcinfo, 3);
 
 	if (PG_ARGISNULL(4))
-		lease = (int64) idem_lease_ms * 1000;
+		req.lease = (int64) idem_lease_ms * 1000;
 	else
-		lease = idem_interval_usecs(PG_GETARG_INTERVAL_P(4), "lease");
+		req.lease = idem_interval_usecs(PG_GETARG_INTERVAL_P(4), "lease");
 
 	if (PG_ARGISNULL(5))
 	{
-		memset(&ttl, 0, sizeof(ttl));
-		ttl.time = (int64) idem_ttl_s * USECS_PER_SEC;
+		memset(&req.ttl, 0, sizeof(req.ttl));
+		req.ttl.time = (int64) idem_ttl_s * USECS_PER_SEC;
 	}
 	else
-		ttl = *PG_GETARG_INTERVAL_P(5);
-	ttl_usecs = idem_interval_usecs(&ttl, "ttl");
+		req.ttl = *PG_GETARG_INTERVAL_P(5);
+	ttl_usecs = idem_interval_usecs(&req.ttl, "ttl");
+	req.takeover = idem_takeover_arg(fcinfo, 6);
+	req.remember = idem_remember_arg(fcinfo, 7);
 
-	if (lease <= 0)
+	if (req.lease <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idempotency lease must be positive")));
@@ -339,19 +411,25 @@ idem_begin(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idempotency ttl must be at least 1 minute")));
-	if (lease > ttl_usecs)
+	if (req.lease > ttl_usecs)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idempotency lease must not be longer than its ttl")));
+	if (req.remember != 0 && req.remember < ttl_usecs)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("idempotency remember must not be shorter than its ttl"),
+				 errdetail("A key is remembered from its completion, after its response has been kept for the ttl.")));
 
 	PreventCommandIfReadOnly("idem_begin()");
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
-	status = claim_begin(&store, &key, fingerprint, policy, lease, &ttl, &rec,
-						 &waited_since);
+	status = claim_begin(&store, &key, &req, &rec, &waited_since);
 	idem_store_close(&store, false);
 
-	idem_count(status == CLAIM_NEW ? IDEM_COUNT_CLAIMS : IDEM_COUNT_REPLAYS, 1);
+	idem_count(status == CLAIM_REPLAY ? IDEM_COUNT_REPLAYS : IDEM_COUNT_CLAIMS, 1);
+	if (status == CLAIM_RECOVER)
+		idem_count(IDEM_COUNT_RECOVERIES, 1);
 	if (waited_since != 0)
 	{
 		idem_count(IDEM_COUNT_WAITS, 1);
@@ -370,30 +448,32 @@ idem_begin(PG_FUNCTION_ARGS)
 	}
 	tupdesc = lookup_rowtype_tupdesc(result_type, -1);
 
-	if (status == CLAIM_NEW)
+	values[0] = CStringGetTextDatum(status_names[status]);
+	if (status == CLAIM_REPLAY)
 	{
-		values[0] = CStringGetTextDatum("new");
-		values[1] = Int64GetDatum(rec.token);
-		nulls[2] = true;
+		nulls[1] = true;
+		values[2] = JsonbPGetDatum(rec.response);
 	}
 	else
 	{
-		values[0] = CStringGetTextDatum("replay");
-		nulls[1] = true;
-		values[2] = JsonbPGetDatum(rec.response);
+		values[1] = Int64GetDatum(rec.token);
+		/* 'recover': the state to resume from */
+		values[2] = JsonbPGetDatum(rec.checkpoint);
+		nulls[2] = (rec.checkpoint == NULL);
 	}
 	result = heap_form_tuple(tupdesc, values, nulls);
 	ReleaseTupleDesc(tupdesc);
 	PG_RETURN_DATUM(HeapTupleGetDatum(result));
 }
 
-/* ---- idem_finish, idem_abort, idem_renew ---- */
+/* ---- idem_finish, idem_abort, idem_renew, idem_checkpoint ---- */
 
 typedef enum ClaimAction
 {
 	CLAIM_FINISH,				/* store the response, start the retention */
 	CLAIM_ABORT,				/* release the key: errors are not cached */
-	CLAIM_RENEW					/* extend the lease */
+	CLAIM_RENEW,				/* extend the lease */
+	CLAIM_CHECKPOINT			/* record progress (version 1.4) */
 } ClaimAction;
 
 /*
@@ -411,7 +491,7 @@ typedef enum ClaimAction
  */
 static bool
 act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
-			 ClaimAction action, Jsonb *response, int64 lease, IdemRecord *rec)
+			 ClaimAction action, Jsonb *value, int64 lease, IdemRecord *rec)
 {
 	bool		locked = false;
 
@@ -447,13 +527,22 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 		switch (action)
 		{
 			case CLAIM_FINISH:
+				/* a remembered key: until completed_at + remember */
+				if (rec->forget_at != 0)
+					rec->forget_at = now + (rec->forget_at - rec->created_at);
 				rec->completed_at = now;
 				rec->expires_at = now + idem_interval_usecs(&rec->ttl, "ttl");
-				rec->response = response;
+				rec->response = value;
+				rec->checkpoint = NULL;
+				rec->holder = 0;
+				result = idem_store_update(store, key, rec);
+				break;
+			case CLAIM_CHECKPOINT:
+				rec->checkpoint = value;
 				result = idem_store_update(store, key, rec);
 				break;
 			case CLAIM_ABORT:
-				result = idem_store_delete(store, rec);
+				result = idem_store_delete(store, key, rec);
 				break;
 			case CLAIM_RENEW:
 				if (lease > idem_interval_usecs(&rec->ttl, "ttl"))
@@ -515,7 +604,7 @@ idem_finish(PG_FUNCTION_ARGS)
 
 	idem_key_from_args(fcinfo, &key);
 	token = idem_token_arg(fcinfo, 2);
-	response = idem_response_arg(fcinfo, 3);
+	response = idem_response_arg(fcinfo, 3, "response");
 
 	held = act_on_claim_for(fcinfo, "idem_finish()", &key, token, CLAIM_FINISH,
 							response, 0, &rec);
@@ -576,4 +665,31 @@ idem_renew(PG_FUNCTION_ARGS)
 	if (!held)
 		raise_stale_token(&key, token);
 	PG_RETURN_TIMESTAMPTZ(rec.expires_at);
+}
+
+/*
+ * idem_checkpoint(operation, key, token, state): record progress on a
+ * pending claim (version 1.4).  If the claim is taken over, the next owner
+ * gets status 'recover' with this state.  In durability mode 'completed'
+ * the claim moves to the logged idem_result with it, so the checkpoint
+ * survives a crash together with its claim.
+ */
+Datum
+idem_checkpoint(PG_FUNCTION_ARGS)
+{
+	IdemKey		key;
+	int64		token;
+	Jsonb	   *state;
+	IdemRecord	rec;
+
+	idem_check_settings();
+
+	idem_key_from_args(fcinfo, &key);
+	token = idem_token_arg(fcinfo, 2);
+	state = idem_response_arg(fcinfo, 3, "state");
+
+	if (!act_on_claim_for(fcinfo, "idem_checkpoint()", &key, token,
+						  CLAIM_CHECKPOINT, state, 0, &rec))
+		raise_stale_token(&key, token);
+	PG_RETURN_VOID();
 }

@@ -28,8 +28,12 @@
 PG_FUNCTION_INFO_V1(idem_counters);
 PG_FUNCTION_INFO_V1(idem_stats_reset);
 
-/* idem_counters(): a column per counter, then stats_reset */
+/*
+ * idem_counters(): a column per counter, then stats_reset.  Before version
+ * 1.4 the SQL function has the counters up to purged only.
+ */
 #define COUNTERS_COLS	(IDEM_NUM_COUNTERS + 1)
+#define COUNTERS_COLS_1_1	(IDEM_COUNT_PURGED + 2)
 
 
 typedef struct IdemSharedCounters
@@ -118,10 +122,10 @@ idem_counters(PG_FUNCTION_ARGS)
 	require_counters();
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "idempotency: return type must be a row type");
-	if (tupdesc->natts != COUNTERS_COLS)
+	if (tupdesc->natts != COUNTERS_COLS && tupdesc->natts != COUNTERS_COLS_1_1)
 		elog(ERROR, "idempotency: idem_counters() must return %d columns", COUNTERS_COLS);
 
-	for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
+	for (int i = 0; i < tupdesc->natts - 1; i++)
 	{
 		uint64		v = pg_atomic_read_u64(&counters->value[i]);
 
@@ -130,7 +134,7 @@ idem_counters(PG_FUNCTION_ARGS)
 		else
 			values[i] = Int64GetDatum((int64) v);
 	}
-	values[IDEM_NUM_COUNTERS] =
+	values[tupdesc->natts - 1] =
 		TimestampTzGetDatum((TimestampTz) pg_atomic_read_u64(&counters->reset_at));
 
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),

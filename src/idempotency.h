@@ -39,6 +39,8 @@
 #define ERRCODE_IDEMPOTENCY_IN_PROGRESS		MAKE_SQLSTATE('I','K','4','0','9')
 #define ERRCODE_IDEMPOTENCY_KEY_REUSED		MAKE_SQLSTATE('I','K','4','2','2')
 #define ERRCODE_IDEMPOTENCY_STALE_TOKEN		MAKE_SQLSTATE('I','K','4','1','2')
+/* version 1.4: a remembered key whose response has expired */
+#define ERRCODE_IDEMPOTENCY_RESPONSE_EXPIRED	MAKE_SQLSTATE('I','K','4','1','0')
 
 /* Longest operation or key, in characters */
 #define IDEM_MAX_KEY_CHARS		255
@@ -58,6 +60,13 @@ typedef enum IdemInFlightPolicy
 	IDEM_IN_FLIGHT_RAISE
 } IdemInFlightPolicy;
 
+/* When a committed pending claim may be taken over (version 1.4) */
+typedef enum IdemTakeover
+{
+	IDEM_TAKEOVER_LEASE,		/* when its lease lapses */
+	IDEM_TAKEOVER_SESSION		/* ... or when the session that made it ends */
+} IdemTakeover;
+
 /* Identifies one record: the calling role's key for one operation */
 typedef struct IdemKey
 {
@@ -73,6 +82,8 @@ extern int	idem_in_flight;			/* IdemInFlightPolicy */
 extern int	idem_lease_ms;
 extern int	idem_ttl_s;
 extern int	idem_max_response_size;
+extern int	idem_takeover;			/* IdemTakeover */
+extern int	idem_remember_s;
 
 extern void idem_args_init(void);
 extern void idem_check_settings(void);
@@ -82,7 +93,10 @@ extern int64 idem_token_arg(FunctionCallInfo fcinfo, int argno);
 extern bytea *idem_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
 extern IdemInFlightPolicy idem_policy_arg(FunctionCallInfo fcinfo, int argno);
 extern int64 idem_interval_usecs(const Interval *iv, const char *name);
-extern Jsonb *idem_response_arg(FunctionCallInfo fcinfo, int argno);
+extern Jsonb *idem_response_arg(FunctionCallInfo fcinfo, int argno,
+								const char *name);
+extern IdemTakeover idem_takeover_arg(FunctionCallInfo fcinfo, int argno);
+extern int64 idem_remember_arg(FunctionCallInfo fcinfo, int argno);
 
 /* ---- storage (storage.c) ---- */
 
@@ -95,11 +109,47 @@ extern Jsonb *idem_response_arg(FunctionCallInfo fcinfo, int argno);
 #define IDEM_RESULTS		1
 #define IDEM_NUM_TABLES		2
 
+/*
+ * The columns of both tables, found by name (storage.c): a DBA may add
+ * columns of their own.  The last ones came with version 1.4; a table
+ * of an earlier version lacks them.
+ */
+typedef enum IdemColumn
+{
+	IDEM_COL_ROLE_ID,
+	IDEM_COL_OPERATION,
+	IDEM_COL_KEY,
+	IDEM_COL_TOKEN,
+	IDEM_COL_FINGERPRINT,
+	IDEM_COL_TTL,
+	IDEM_COL_CREATED_AT,
+	IDEM_COL_COMPLETED_AT,
+	IDEM_COL_EXPIRES_AT,
+	IDEM_COL_RESPONSE,
+	IDEM_COL_HOLDER,			/* 1.4 */
+	IDEM_COL_CHECKPOINT,		/* 1.4 */
+	IDEM_COL_TAKEOVERS,			/* 1.4 */
+	IDEM_COL_FORGET_AT,			/* 1.4 */
+	IDEM_NUM_COLUMNS
+} IdemColumn;
+
+#define IDEM_NUM_COLUMNS_1_0	(IDEM_COL_RESPONSE + 1)
+
+/* Where each column is in one table (InvalidAttrNumber: absent) */
+typedef struct IdemShape
+{
+	AttrNumber	attnum[IDEM_NUM_COLUMNS];
+	bool		exact;			/* every column is ours, nothing dropped */
+	bool		has_1_4;		/* the columns of version 1.4 are there */
+	Oid			pkey;			/* primary key on (role_id, operation, key) */
+} IdemShape;
+
 /* The tables and their primary key indexes, open for one call */
 typedef struct IdemStore
 {
 	Relation	heap[IDEM_NUM_TABLES];
 	Relation	index[IDEM_NUM_TABLES];	/* each table's primary key */
+	IdemShape	shape[IDEM_NUM_TABLES];	/* each table's columns */
 	int			ntables;		/* 1 before version 1.3 */
 	Oid			result_relid;	/* idem_result; its heap[] is NULL until used */
 	bool		split;			/* mode 'completed': results to idem_result */
@@ -119,7 +169,12 @@ typedef struct IdemRecord
 	TimestampTz created_at;
 	TimestampTz completed_at;	/* 0 while pending */
 	TimestampTz expires_at;		/* pending: lease end; completed: retention end */
-	Jsonb	   *response;		/* NULL while pending */
+	Jsonb	   *response;		/* NULL while pending, and once forgotten */
+	int64		holder;			/* 1.4: the session holding a 'session'
+								 * claim; 0: none */
+	Jsonb	   *checkpoint;		/* 1.4: the last idem_checkpoint state */
+	int32		takeovers;		/* 1.4: times the key was taken over */
+	TimestampTz forget_at;		/* 1.4: end of 'remember'; 0: expires_at */
 
 	/* filled in by idem_store_fetch */
 	int			table;			/* IDEM_RECORDS or IDEM_RESULTS */
@@ -130,10 +185,12 @@ typedef struct IdemRecord
 	bool		in_snapshot;	/* visible to the transaction snapshot */
 } IdemRecord;
 
-#define IdemRecordIsPending(rec)	((rec)->response == NULL)
+#define IdemRecordIsPending(rec)	((rec)->completed_at == 0)
 
 extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode);
 extern void idem_store_close(IdemStore *store, bool release);
+extern bool idem_store_peek(IdemStore *store, const IdemKey *key,
+							IdemRecord *rec);
 extern bool idem_store_fetch(IdemStore *store, const IdemKey *key,
 							 IdemRecord *rec);
 extern bool idem_store_fetch_claim(IdemStore *store, const IdemKey *key,
@@ -142,13 +199,15 @@ extern void idem_store_insert(IdemStore *store, const IdemKey *key,
 							  const IdemRecord *rec);
 extern TM_Result idem_store_update(IdemStore *store, const IdemKey *key,
 								   const IdemRecord *rec);
-extern TM_Result idem_store_delete(IdemStore *store, const IdemRecord *rec);
+extern TM_Result idem_store_delete(IdemStore *store, const IdemKey *key,
+								   const IdemRecord *rec);
 typedef void (*IdemRecordCallback) (void *arg, text *operation, bool pending,
 									TimestampTz expires_at);
 extern void idem_store_scan_role(IdemStore *store, Oid role,
 								 IdemRecordCallback fn, void *arg);
 extern Oid	idem_store_relid(Oid fn_oid);
 extern Oid	idem_store_result_relid(Oid fn_oid);
+extern Oid	idem_store_table(Oid fn_oid, const char *name);
 extern Oid	idem_store_member(IdemStore *store, const char *name);
 extern void idem_store_init(void);
 
@@ -170,6 +229,8 @@ typedef enum IdemCounter
 	IDEM_COUNT_FENCED,			/* stale tokens: IK412, or abort returning false */
 	IDEM_COUNT_ABORTS,			/* idem_abort returning true */
 	IDEM_COUNT_PURGED,			/* records deleted by idem_purge */
+	IDEM_COUNT_RECOVERIES,		/* 1.4: idem_begin returned 'recover' */
+	IDEM_COUNT_EXPIRED,			/* 1.4: IK410 (remembered key) */
 	IDEM_NUM_COUNTERS
 } IdemCounter;
 
@@ -191,7 +252,10 @@ PGDLLEXPORT extern void idem_purge_worker_main(Datum arg);
 extern void idem_lock_key(const IdemKey *key);
 extern void idem_unlock_key(const IdemKey *key);
 extern void idem_wait_for_xact(TransactionId xid);
-extern void idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
+extern int64 idem_session_holder(void);
+extern bool idem_session_alive(int64 holder);
+extern void idem_wait_for_wakeup(const IdemKey *key, int64 holder,
+								 TimestampTz until,
 								 TimestampTz lock_deadline,
 								 const Oid *relids, int nrelids);
 extern void idem_wake_waiters(const IdemKey *key);

@@ -23,7 +23,17 @@
  *					lease ends; idem_finish / idem_abort find the holders of
  *					that tag in the lock table and set their latches.
  *
- * Both tags live in lock classes of our own (pg_locks.objsubid), so they
+ * A claim made with takeover => 'session' (version 1.4) also names the
+ * session that made it (its "holder"), which holds one session-level lock
+ * on its own tag from its first such claim until it exits: one lock
+ * however many claims it makes.  The session is alive while that lock is
+ * held.  A waiter on such a claim also holds a share lock on the
+ * session's "session waiter" tag, and an exiting session releases its
+ * lock and then sets the latches of those waiters, so they wake at once.
+ * A session that dies without running its exit code (a crashed server)
+ * leaves no lock behind either: the lock table does not survive it.
+ *
+ * All tags live in lock classes of our own (pg_locks.objsubid), so they
  * can never collide with an application's pg_advisory_lock() keys: core
  * uses 1 and 2, Citus 4 to 15.
  *
@@ -33,6 +43,7 @@
 
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
@@ -46,12 +57,23 @@
 /* Advisory lock classes owned by this extension ('I','K' + 0 / 1) */
 #define IDEM_LOCK_CLASS_KEY		0x494B
 #define IDEM_LOCK_CLASS_WAITER	0x494C
+/* ... + 2 / 3 (version 1.4): a session that holds claims, its waiters */
+#define IDEM_LOCK_CLASS_SESSION	0x494D
+#define IDEM_LOCK_CLASS_SESSION_WAITER	0x494E
 
 static void
 key_locktag(LOCKTAG *tag, const IdemKey *key, uint16 lock_class)
 {
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId,
 						 (uint32) (key->hash >> 32), (uint32) key->hash,
+						 lock_class);
+}
+
+static void
+session_locktag(LOCKTAG *tag, int64 holder, uint16 lock_class)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId,
+						 (uint32) ((uint64) holder >> 32), (uint32) holder,
 						 lock_class);
 }
 
@@ -145,10 +167,11 @@ relation_lock_has_waiters(const LOCKTAG *tag, LOCKMASK held)
  * anyone waits there.
  */
 void
-idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
+idem_wait_for_wakeup(const IdemKey *key, int64 holder, TimestampTz until,
 					 TimestampTz lock_deadline, const Oid *relids, int nrelids)
 {
 	LOCKTAG		tag;
+	LOCKTAG		session_tag;
 	LOCKTAG		reltag[IDEM_NUM_TABLES];
 	LOCKMASK	held[IDEM_NUM_TABLES];
 	bool		any_held = false;
@@ -171,6 +194,14 @@ idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
 
 	key_locktag(&tag, key, IDEM_LOCK_CLASS_WAITER);
 	(void) LockAcquire(&tag, AccessShareLock, false, false);
+	if (holder != 0)
+	{
+		/* registered before looking: an exit after the look wakes us */
+		session_locktag(&session_tag, holder, IDEM_LOCK_CLASS_SESSION_WAITER);
+		(void) LockAcquire(&session_tag, AccessShareLock, false, false);
+		if (!idem_session_alive(holder))
+			until = now;		/* it has just exited: look again at once */
+	}
 	idem_unlock_key(key);
 
 	for (;;)
@@ -184,6 +215,8 @@ idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
 		if (any_held && timeout_ms > DeadlockTimeout)
 			timeout_ms = DeadlockTimeout;
 
+		if (until <= now)
+			break;
 		rc = WaitLatch(MyLatch,
 					   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 					   timeout_ms,
@@ -196,6 +229,8 @@ idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
 			if (held[i] == 0 || !relation_lock_has_waiters(&reltag[i], held[i]))
 				continue;
 			LockRelease(&tag, AccessShareLock, false);
+			if (holder != 0)
+				LockRelease(&session_tag, AccessShareLock, false);
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_DEADLOCK_DETECTED),
 					 errmsg("deadlock detected while waiting for another attempt at an idempotency key"),
@@ -205,7 +240,91 @@ idem_wait_for_wakeup(const IdemKey *key, TimestampTz until,
 	}
 
 	LockRelease(&tag, AccessShareLock, false);
+	if (holder != 0)
+		LockRelease(&session_tag, AccessShareLock, false);
 	CHECK_FOR_INTERRUPTS();
+}
+
+/* ---- sessions (takeover => 'session') ---- */
+
+/* This backend's holder number; 0 until its first 'session' claim */
+static int64 my_holder = 0;
+
+/* Wake the backends sleeping on one of this session's claims */
+static void
+wake_session_waiters(int64 holder)
+{
+	LOCKTAG		tag;
+	VirtualTransactionId *vxid;
+
+	session_locktag(&tag, holder, IDEM_LOCK_CLASS_SESSION_WAITER);
+	for (vxid = GetLockConflicts(&tag, AccessExclusiveLock, NULL);
+		 VirtualTransactionIdIsValid(*vxid); vxid++)
+	{
+		PGPROC	   *proc = IdemVxidGetProc(vxid);
+
+		if (proc != NULL)
+			SetLatch(&proc->procLatch);
+	}
+}
+
+/*
+ * At exit, before PostgreSQL releases the session's locks (a
+ * before_shmem_exit callback registered after InitPostgres' runs first):
+ * release the session lock, so that a woken waiter finds the session gone,
+ * then wake the waiters.
+ */
+static void
+session_exit(int code, Datum arg)
+{
+	LOCKTAG		tag;
+
+	if (my_holder == 0)
+		return;
+	session_locktag(&tag, my_holder, IDEM_LOCK_CLASS_SESSION);
+	LockRelease(&tag, ExclusiveLock, true);
+	wake_session_waiters(my_holder);
+}
+
+/*
+ * The number that names this session in its 'session' claims: its process
+ * ID and the low half of its start time (a process ID is reused, not
+ * within the same microsecond of a 71-minute cycle).  The first call takes
+ * the session lock that says the session is alive.
+ */
+int64
+idem_session_holder(void)
+{
+	LOCKTAG		tag;
+
+	if (my_holder != 0)
+		return my_holder;
+	my_holder = (int64) (((uint64) (uint32) MyProcPid << 32) |
+						 (uint32) MyStartTimestamp);
+	if (my_holder == 0)
+		my_holder = 1;
+	session_locktag(&tag, my_holder, IDEM_LOCK_CLASS_SESSION);
+	(void) LockAcquire(&tag, ExclusiveLock, true, false);
+	before_shmem_exit(session_exit, (Datum) 0);
+	return my_holder;
+}
+
+/*
+ * Is the session that made a 'session' claim still connected?  Its lock
+ * tells: if we can take it, nobody holds it.
+ */
+bool
+idem_session_alive(int64 holder)
+{
+	LOCKTAG		tag;
+
+	if (holder == my_holder)
+		return true;
+	session_locktag(&tag, holder, IDEM_LOCK_CLASS_SESSION);
+	if (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	LockRelease(&tag, ShareLock, false);
+	return false;
 }
 
 /*

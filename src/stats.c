@@ -21,9 +21,13 @@
 PG_FUNCTION_INFO_V1(idem_inspect);
 PG_FUNCTION_INFO_V1(idem_stats_records);
 
-/* Columns of idem_stats_records() and of idem_inspect() */
+/*
+ * Columns of idem_stats_records() and of idem_inspect(); version 1.4 added
+ * three to idem_inspect
+ */
 #define STATS_COLS		5
-#define INSPECT_COLS	9
+#define INSPECT_COLS_1_1	9
+#define INSPECT_COLS	12
 
 /* ---- idem_stats: the calling role's records, per operation ---- */
 
@@ -114,12 +118,16 @@ idem_inspect(PG_FUNCTION_ARGS)
 		TimestampTz now = GetCurrentTimestamp();
 		bool		pending = IdemRecordIsPending(&rec);
 		bool		expired = rec.expires_at <= now;
+		bool		remembered = !pending && expired && rec.forget_at > now;
 		Datum		values[INSPECT_COLS];
 		bool		nulls[INSPECT_COLS] = {0};
 
-		Assert(rsinfo->setDesc->natts == INSPECT_COLS);
-		values[0] = CStringGetTextDatum(pending ? (expired ? "lapsed" : "pending")
-										: (expired ? "expired" : "completed"));
+		if (rsinfo->setDesc->natts != INSPECT_COLS &&
+			rsinfo->setDesc->natts != INSPECT_COLS_1_1)
+			elog(ERROR, "idempotency: idem_inspect() must return %d columns", INSPECT_COLS);
+		values[0] = CStringGetTextDatum(pending ? (expired ? "lapsed" : "pending") :
+										remembered ? "remembered" :
+										expired ? "expired" : "completed");
 		values[1] = Int64GetDatum(rec.token);
 		values[2] = PointerGetDatum(rec.fingerprint);
 		nulls[2] = (rec.fingerprint == NULL);
@@ -132,7 +140,13 @@ idem_inspect(PG_FUNCTION_ARGS)
 		nulls[6] = pending;
 		values[7] = BoolGetDatum(TransactionIdIsValid(rec.busy_xid) || rec.mine);
 		values[8] = PointerGetDatum(rec.response);
-		nulls[8] = pending;
+		nulls[8] = (rec.response == NULL);
+		/* 1.4: the last checkpoint, takeovers, the end of remembering */
+		values[9] = PointerGetDatum(rec.checkpoint);
+		nulls[9] = (rec.checkpoint == NULL);
+		values[10] = Int32GetDatum(rec.takeovers);
+		values[11] = TimestampTzGetDatum(rec.forget_at);
+		nulls[11] = pending || rec.forget_at == 0;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 

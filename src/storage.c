@@ -42,17 +42,21 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/dependency.h"
+#include "catalog/pg_am_d.h"
 #include "catalog/pg_collation_d.h"
 #include "catalog/pg_extension_d.h"
 #include "catalog/pg_proc_d.h"
+#include "catalog/pg_type_d.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
 #include "nodes/makefuncs.h"
+#include "rewrite/rewriteHandler.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
@@ -61,19 +65,6 @@
 
 #include "idempotency.h"
 #include "pg_compat.h"
-
-/* Column numbers of idem_record; see the install script */
-#define Anum_role_id		1
-#define Anum_operation		2
-#define Anum_key			3
-#define Anum_token			4
-#define Anum_fingerprint	5
-#define Anum_ttl			6
-#define Anum_created_at		7
-#define Anum_completed_at	8
-#define Anum_expires_at		9
-#define Anum_response		10
-#define Natts_record		10
 
 /*
  * The extension's objects, looked up once per backend.  A relcache
@@ -87,6 +78,13 @@ static Oid	result_relid = InvalidOid;	/* InvalidOid before version 1.3 */
 static Oid	token_seqid = InvalidOid;
 static Oid	epoch_seqid = InvalidOid;	/* InvalidOid before version 1.2 */
 
+/*
+ * Each table's shape (see check_shape), kept while its relcache entry is:
+ * any ALTER TABLE, index change or rewrite of the table invalidates it.
+ */
+static IdemShape shape_cache[IDEM_NUM_TABLES];
+static Oid	shape_relid[IDEM_NUM_TABLES];
+
 static void
 forget_relids(Datum arg, Oid relid)
 {
@@ -94,6 +92,9 @@ forget_relids(Datum arg, Oid relid)
 		relid == result_relid || relid == token_seqid || relid == epoch_seqid)
 		extension_oid = record_relid = result_relid = token_seqid =
 			epoch_seqid = InvalidOid;
+	for (int t = 0; t < IDEM_NUM_TABLES; t++)
+		if (relid == InvalidOid || relid == shape_relid[t])
+			shape_relid[t] = InvalidOid;
 }
 
 void
@@ -161,6 +162,15 @@ idem_store_relid(Oid fn_oid)
 	return record_relid;
 }
 
+/* Another table of the extension's, by name; InvalidOid if it has none */
+Oid
+idem_store_table(Oid fn_oid, const char *name)
+{
+	if (!OidIsValid(record_relid))
+		lookup_relids(fn_oid);
+	return member_relid(extension_oid, get_rel_namespace(record_relid), name);
+}
+
 /* idem_result, or InvalidOid before version 1.3 */
 Oid
 idem_store_result_relid(Oid fn_oid)
@@ -170,7 +180,125 @@ idem_store_result_relid(Oid fn_oid)
 	return result_relid;
 }
 
-/* Open one table of the store and its primary key */
+/* ---- the tables' shape ---- */
+
+/*
+ * The columns the code reads and writes, by name.  A DBA may add columns
+ * (a write fills them with their default, or NULL, and an update keeps
+ * them), but not drop, retype or rename these.  role_id was an oid before
+ * version 1.3.
+ */
+static const struct
+{
+	const char *name;
+	Oid			type;
+	Oid			old_type;		/* also accepted */
+}			columns[IDEM_NUM_COLUMNS] = {
+	[IDEM_COL_ROLE_ID] = {"role_id", REGROLEOID, OIDOID},
+	[IDEM_COL_OPERATION] = {"operation", TEXTOID},
+	[IDEM_COL_KEY] = {"key", TEXTOID},
+	[IDEM_COL_TOKEN] = {"token", INT8OID},
+	[IDEM_COL_FINGERPRINT] = {"fingerprint", BYTEAOID},
+	[IDEM_COL_TTL] = {"ttl", INTERVALOID},
+	[IDEM_COL_CREATED_AT] = {"created_at", TIMESTAMPTZOID},
+	[IDEM_COL_COMPLETED_AT] = {"completed_at", TIMESTAMPTZOID},
+	[IDEM_COL_EXPIRES_AT] = {"expires_at", TIMESTAMPTZOID},
+	[IDEM_COL_RESPONSE] = {"response", JSONBOID},
+	[IDEM_COL_HOLDER] = {"holder", INT8OID},
+	[IDEM_COL_CHECKPOINT] = {"checkpoint", JSONBOID},
+	[IDEM_COL_TAKEOVERS] = {"takeovers", INT4OID},
+	[IDEM_COL_FORGET_AT] = {"forget_at", TIMESTAMPTZOID},
+};
+
+static void
+shape_error(Relation rel, const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("idempotency table \"%s\" has a shape the extension cannot use",
+					RelationGetRelationName(rel)),
+			 errdetail_internal("%s", detail),
+			 errhint("Undo the change to the table; columns of your own may be added if they are nullable or have a default.")));
+}
+
+/*
+ * Find our columns in the table and check everything the code relies on:
+ * a plain table, each column of the right type, any other column fillable
+ * (nullable, or with a default), and a primary key on (role_id,
+ * operation, key) with the C collation, which is what fetch_in's scan keys
+ * describe.  Anything else is an error naming the table, never a write of
+ * the wrong shape.
+ */
+static void
+check_shape(Relation heap, Relation pkey, IdemShape *shape)
+{
+	TupleDesc	desc = RelationGetDescr(heap);
+	int			ours = 0;
+	int			new_columns = 0;
+
+	memset(shape, 0, sizeof(*shape));
+	shape->exact = true;
+	if (heap->rd_rel->relkind != RELKIND_RELATION)
+		shape_error(heap, "It is not a plain table.");
+
+	for (int i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		int			c;
+
+		if (att->attisdropped)
+		{
+			shape->exact = false;
+			continue;
+		}
+		for (c = 0; c < IDEM_NUM_COLUMNS; c++)
+			if (strcmp(NameStr(att->attname), columns[c].name) == 0)
+				break;
+		if (c == IDEM_NUM_COLUMNS)
+		{
+			/* a column of the DBA's: the write must be able to fill it */
+			shape->exact = false;
+			if (att->attnotnull && !att->atthasdef && !att->attidentity &&
+				!att->attgenerated)
+				shape_error(heap, psprintf("Column \"%s\" is NOT NULL and has no default.",
+										   NameStr(att->attname)));
+			continue;
+		}
+		if (att->atttypid != columns[c].type && att->atttypid != columns[c].old_type)
+			shape_error(heap, psprintf("Column \"%s\" has type %s, not %s.",
+									   NameStr(att->attname),
+									   format_type_be(att->atttypid),
+									   format_type_be(columns[c].type)));
+		shape->attnum[c] = att->attnum;
+		if (att->attnum != c + 1)
+			shape->exact = false;
+		ours++;
+		if (c >= IDEM_NUM_COLUMNS_1_0)
+			new_columns++;
+	}
+	for (int c = 0; c < IDEM_NUM_COLUMNS_1_0; c++)
+		if (shape->attnum[c] == InvalidAttrNumber)
+			shape_error(heap, psprintf("Column \"%s\" is missing.", columns[c].name));
+	if (new_columns != 0 && new_columns != IDEM_NUM_COLUMNS - IDEM_NUM_COLUMNS_1_0)
+		shape_error(heap, "Some of the columns of version 1.4 are missing.");
+	shape->has_1_4 = (new_columns != 0);
+	if (ours != desc->natts)
+		shape->exact = false;
+
+	/* the primary key fetch_in descends */
+	if (pkey->rd_rel->relam != BTREE_AM_OID ||
+		IndexRelationGetNumberOfKeyAttributes(pkey) != 3 ||
+		pkey->rd_index->indkey.values[0] != shape->attnum[IDEM_COL_ROLE_ID] ||
+		pkey->rd_index->indkey.values[1] != shape->attnum[IDEM_COL_OPERATION] ||
+		pkey->rd_index->indkey.values[2] != shape->attnum[IDEM_COL_KEY] ||
+		pkey->rd_indcollation[1] != C_COLLATION_OID ||
+		pkey->rd_indcollation[2] != C_COLLATION_OID)
+		shape_error(heap, psprintf("Its primary key \"%s\" is not a btree on (role_id, operation, key) with collation \"C\".",
+								   RelationGetRelationName(pkey)));
+	shape->pkey = RelationGetRelid(pkey);
+}
+
+/* Open one table of the store and its primary key, and learn its shape */
 static void
 open_table(IdemStore *store, int table, Oid relid)
 {
@@ -187,15 +315,27 @@ open_table(IdemStore *store, int table, Oid relid)
 						   RelationGetRelationName(heap)),
 				 errhint("Read them on the primary, or make the tables logged there with idem_set_durability('all').")));
 
-	pkey = idem_primary_key_index(heap);
+	store->heap[table] = heap;
+	if (shape_relid[table] == relid)
+	{
+		store->index[table] = index_open(shape_cache[table].pkey, store->lockmode);
+		store->shape[table] = shape_cache[table];
+		return;
+	}
+
+	pkey = heap->rd_rel->relkind == RELKIND_RELATION ?
+		idem_primary_key_index(heap) : InvalidOid;
 	if (!OidIsValid(pkey))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("table \"%s\" has no primary key",
 						RelationGetRelationName(heap)),
 				 errhint("Restore its primary key on (role_id, operation, key).")));
-	store->heap[table] = heap;
 	store->index[table] = index_open(pkey, store->lockmode);
+	check_shape(heap, store->index[table], &store->shape[table]);
+	/* opening the index may have processed an invalidation of the table */
+	shape_cache[table] = store->shape[table];
+	shape_relid[table] = relid;
 }
 
 /*
@@ -274,6 +414,37 @@ idem_store_close(IdemStore *store, bool release)
 	}
 }
 
+/* Column c of a version in table t; absent columns read as NULL */
+static inline Datum
+column(IdemStore *store, int t, TupleTableSlot *slot, IdemColumn c, bool *isnull)
+{
+	AttrNumber	att = store->shape[t].attnum[c];
+
+	if (att == InvalidAttrNumber)
+	{
+		*isnull = true;
+		return (Datum) 0;
+	}
+	return slot_getattr(slot, att, isnull);
+}
+
+/* A column that must not be NULL: a row written by hand may have one */
+static Datum
+required_column(IdemStore *store, int t, TupleTableSlot *slot, IdemColumn c)
+{
+	bool		isnull;
+	Datum		d = column(store, t, slot, c, &isnull);
+
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("idempotency record in table \"%s\" has a NULL \"%s\"",
+						RelationGetRelationName(store->heap[t]), columns[c].name),
+				 errdetail("The record of key \"%s\" was not written by the idem_* functions.",
+						   TextDatumGetCString(required_column(store, t, slot, IDEM_COL_KEY)))));
+	return d;
+}
+
 /*
  * Fill *rec from a version the dirty snapshot accepted, and say who is
  * working on it (see idem_store_fetch).
@@ -295,16 +466,27 @@ record_from_slot(IdemStore *store, int table, TupleTableSlot *slot,
 	rec->in_snapshot = !IsolationUsesXactSnapshot() || rec->mine ||
 		table_tuple_satisfies_snapshot(store->heap[table], slot, GetActiveSnapshot());
 
-	rec->token = DatumGetInt64(slot_getattr(slot, Anum_token, &isnull));
-	d = slot_getattr(slot, Anum_fingerprint, &isnull);
+	rec->token = DatumGetInt64(required_column(store, table, slot, IDEM_COL_TOKEN));
+	d = column(store, table, slot, IDEM_COL_FINGERPRINT, &isnull);
 	rec->fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
-	rec->ttl = *DatumGetIntervalP(slot_getattr(slot, Anum_ttl, &isnull));
-	rec->created_at = DatumGetTimestampTz(slot_getattr(slot, Anum_created_at, &isnull));
-	d = slot_getattr(slot, Anum_completed_at, &isnull);
+	rec->ttl = *DatumGetIntervalP(required_column(store, table, slot, IDEM_COL_TTL));
+	rec->created_at = DatumGetTimestampTz(required_column(store, table, slot, IDEM_COL_CREATED_AT));
+	d = column(store, table, slot, IDEM_COL_COMPLETED_AT, &isnull);
 	rec->completed_at = isnull ? 0 : DatumGetTimestampTz(d);
-	rec->expires_at = DatumGetTimestampTz(slot_getattr(slot, Anum_expires_at, &isnull));
-	d = slot_getattr(slot, Anum_response, &isnull);
+	rec->expires_at = DatumGetTimestampTz(required_column(store, table, slot, IDEM_COL_EXPIRES_AT));
+	d = column(store, table, slot, IDEM_COL_RESPONSE, &isnull);
 	rec->response = isnull ? NULL : DatumGetJsonbPCopy(d);
+	if (rec->completed_at == 0 && rec->response != NULL)
+		rec->response = NULL;	/* a pending record has no response */
+
+	d = column(store, table, slot, IDEM_COL_HOLDER, &isnull);
+	rec->holder = isnull ? 0 : DatumGetInt64(d);
+	d = column(store, table, slot, IDEM_COL_CHECKPOINT, &isnull);
+	rec->checkpoint = isnull ? NULL : DatumGetJsonbPCopy(d);
+	d = column(store, table, slot, IDEM_COL_TAKEOVERS, &isnull);
+	rec->takeovers = isnull ? 0 : DatumGetInt32(d);
+	d = column(store, table, slot, IDEM_COL_FORGET_AT, &isnull);
+	rec->forget_at = isnull ? 0 : DatumGetTimestampTz(d);
 }
 
 /*
@@ -332,7 +514,7 @@ fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord *rec)
 	need_table(store, table);
 	InitDirtySnapshot(dirty);
 
-	ScanKeyInit(&skey[0], Anum_role_id, BTEqualStrategyNumber, F_OIDEQ,
+	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_OIDEQ,
 				ObjectIdGetDatum(key->role));
 	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
 						   C_COLLATION_OID, F_TEXTEQ,
@@ -362,15 +544,40 @@ fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord *rec)
 	return found;
 }
 
+/*
+ * A look-up that another call's write may race with: the first, lock-free
+ * look of idem_begin, looking first where a completed record most likely
+ * is, so that a replay descends one index.  It may miss a record that a
+ * finish moves from idem_record to idem_result between the two reads (the
+ * finish of a claim made in its own transaction takes no key lock); the
+ * caller then looks again with idem_store_fetch, under the key lock.
+ */
 bool
-idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
+idem_store_peek(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 {
-	/* where a completed record is most likely: a replay looks once */
 	int			first = store->split ? IDEM_RESULTS : IDEM_RECORDS;
 
 	if (fetch_in(store, first, key, rec))
 		return true;
 	return store->ntables == 2 && fetch_in(store, 1 - first, key, rec);
+}
+
+/*
+ * The look-up that decides: idem_record first.  Records move only from
+ * idem_record to idem_result while calls run (a finish in mode
+ * 'completed', a checkpoint), deleting and inserting in one transaction:
+ * a record missed in idem_record because that transaction committed after
+ * this look's read of idem_result would be found there now, and one that
+ * is still being moved is found in idem_record, marked by the mover, whom
+ * the caller waits for.  So a record that exists is found in exactly one
+ * of the two places, in every interleaving.
+ */
+bool
+idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
+{
+	if (fetch_in(store, IDEM_RECORDS, key, rec))
+		return true;
+	return store->ntables == 2 && fetch_in(store, IDEM_RESULTS, key, rec);
 }
 
 /*
@@ -397,19 +604,19 @@ text_equal(Datum a, const text *b)
 }
 
 static bool
-slot_matches_key(TupleTableSlot *slot, const IdemKey *key)
+slot_matches_key(IdemStore *store, int t, TupleTableSlot *slot,
+				 const IdemKey *key)
 {
 	bool		isnull;
 
-	return DatumGetObjectId(slot_getattr(slot, Anum_role_id, &isnull)) == key->role &&
-		text_equal(slot_getattr(slot, Anum_operation, &isnull), key->operation) &&
-		text_equal(slot_getattr(slot, Anum_key, &isnull), key->key);
+	return DatumGetObjectId(column(store, t, slot, IDEM_COL_ROLE_ID, &isnull)) == key->role &&
+		!isnull &&
+		text_equal(required_column(store, t, slot, IDEM_COL_OPERATION), key->operation) &&
+		text_equal(required_column(store, t, slot, IDEM_COL_KEY), key->key);
 }
 
 /*
- * Like idem_store_fetch, for the pending claim that token should hold, which
- * can only be in idem_record (a version being moved to idem_result by a
- * concurrent finish is still there, marked by it).  In the
+ * Like idem_store_fetch, for the pending claim that token should hold.  In the
  * in-transaction shape the claim to settle is the one this transaction
  * inserted last: it is read straight from where it was inserted, without
  * descending the index, if the table still has the file it was inserted
@@ -434,15 +641,14 @@ idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
 		InitDirtySnapshot(dirty);
 		found = table_tuple_fetch_row_version(heap, &last_claim.tid,
 											  &dirty, slot) &&
-			slot_matches_key(slot, key);
+			slot_matches_key(store, IDEM_RECORDS, slot, key);
 		if (found)
 			record_from_slot(store, IDEM_RECORDS, slot, &dirty, rec);
 		ExecDropSingleTupleTableSlot(slot);
 		if (found && rec->token == token)
 			return true;
 	}
-	/* a claim is pending, and a pending record is always in idem_record */
-	return fetch_in(store, IDEM_RECORDS, key, rec);
+	return idem_store_fetch(store, key, rec);
 }
 
 /* ---- writes ---- */
@@ -454,11 +660,15 @@ idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
  */
 typedef struct RecordWrite
 {
+	IdemStore  *store;
+	int			table;
 	EState	   *estate;
 	ResultRelInfo *rri;
 	EPQState	epq;
 	TupleTableSlot *slot;		/* the new version */
 	TupleTableSlot *oldslot;	/* the version replaced or deleted */
+	Datum		expected[IDEM_NUM_COLUMNS];	/* what the new version must hold */
+	bool		expected_null[IDEM_NUM_COLUMNS];
 } RecordWrite;
 
 static void
@@ -469,6 +679,8 @@ write_begin(IdemStore *store, int table, RecordWrite *w)
 
 	Assert(store->lockmode == RowExclusiveLock);
 
+	w->store = store;
+	w->table = table;
 	w->estate = CreateExecutorState();
 	rte->rtekind = RTE_RELATION;
 	rte->relid = RelationGetRelid(heap);
@@ -509,51 +721,205 @@ write_end(RecordWrite *w)
 	CommandCounterIncrement();
 }
 
+/*
+ * The columns of the DBA's own in a new version: kept from the version it
+ * replaces (oldslot), or else each one's default, as an INSERT that names
+ * only our columns would give them.  Generated columns are computed by the
+ * executor.
+ */
 static void
-fill_slot(TupleTableSlot *slot, const IdemKey *key, const IdemRecord *rec)
+fill_other_columns(RecordWrite *w, TupleTableSlot *oldslot)
 {
-	Datum	   *values = slot->tts_values;
-	bool	   *nulls = slot->tts_isnull;
+	Relation	heap = w->store->heap[w->table];
+	TupleDesc	desc = RelationGetDescr(heap);
+	const IdemShape *shape = &w->store->shape[w->table];
+	bool		ours[MaxHeapAttributeNumber + 1] = {0};
 
-	Assert(slot->tts_tupleDescriptor->natts == Natts_record);
+	for (int c = 0; c < IDEM_NUM_COLUMNS; c++)
+		ours[shape->attnum[c]] = true;
+	if (oldslot != NULL)
+		slot_getallattrs(oldslot);
+
+	for (int i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		Node	   *expr;
+
+		if (ours[att->attnum] || att->attisdropped || att->attgenerated)
+			continue;
+		if (oldslot != NULL)
+		{
+			w->slot->tts_values[i] = oldslot->tts_values[i];
+			w->slot->tts_isnull[i] = oldslot->tts_isnull[i];
+			continue;
+		}
+		expr = build_column_default(heap, att->attnum);
+		if (expr != NULL)
+		{
+			ExprState  *state = ExecPrepareExpr((Expr *) expr, w->estate);
+
+			w->slot->tts_values[i] =
+				ExecEvalExprSwitchContext(state, GetPerTupleExprContext(w->estate),
+										  &w->slot->tts_isnull[i]);
+		}
+	}
+}
+
+/*
+ * Put a record into w->slot as the new version (oldslot: the version it
+ * replaces in the same table, or NULL), and remember what it must hold.
+ */
+static void
+fill_slot(RecordWrite *w, const IdemKey *key, const IdemRecord *rec,
+		  TupleTableSlot *oldslot)
+{
+	TupleTableSlot *slot = w->slot;
+	const IdemShape *shape = &w->store->shape[w->table];
+	Datum	   *v = w->expected;
+	bool	   *n = w->expected_null;
+	bool		pending = IdemRecordIsPending(rec);
 
 	ExecClearTuple(slot);
-	memset(nulls, false, Natts_record * sizeof(bool));
-	values[Anum_role_id - 1] = ObjectIdGetDatum(key->role);
-	values[Anum_operation - 1] = PointerGetDatum(key->operation);
-	values[Anum_key - 1] = PointerGetDatum(key->key);
-	values[Anum_token - 1] = Int64GetDatum(rec->token);
-	values[Anum_fingerprint - 1] = PointerGetDatum(rec->fingerprint);
-	nulls[Anum_fingerprint - 1] = (rec->fingerprint == NULL);
-	values[Anum_ttl - 1] = IntervalPGetDatum(&rec->ttl);
-	values[Anum_created_at - 1] = TimestampTzGetDatum(rec->created_at);
-	values[Anum_completed_at - 1] = TimestampTzGetDatum(rec->completed_at);
-	nulls[Anum_completed_at - 1] = (rec->response == NULL);
-	values[Anum_expires_at - 1] = TimestampTzGetDatum(rec->expires_at);
-	values[Anum_response - 1] = JsonbPGetDatum(rec->response);
-	nulls[Anum_response - 1] = (rec->response == NULL);
+	ItemPointerSetInvalid(&slot->tts_tid);
+	memset(slot->tts_isnull, true, slot->tts_tupleDescriptor->natts * sizeof(bool));
+	memset(n, false, sizeof(w->expected_null));
+
+	v[IDEM_COL_ROLE_ID] = ObjectIdGetDatum(key->role);
+	v[IDEM_COL_OPERATION] = PointerGetDatum(key->operation);
+	v[IDEM_COL_KEY] = PointerGetDatum(key->key);
+	v[IDEM_COL_TOKEN] = Int64GetDatum(rec->token);
+	v[IDEM_COL_FINGERPRINT] = PointerGetDatum(rec->fingerprint);
+	n[IDEM_COL_FINGERPRINT] = (rec->fingerprint == NULL);
+	v[IDEM_COL_TTL] = IntervalPGetDatum(&rec->ttl);
+	v[IDEM_COL_CREATED_AT] = TimestampTzGetDatum(rec->created_at);
+	v[IDEM_COL_COMPLETED_AT] = TimestampTzGetDatum(rec->completed_at);
+	n[IDEM_COL_COMPLETED_AT] = pending;
+	v[IDEM_COL_EXPIRES_AT] = TimestampTzGetDatum(rec->expires_at);
+	v[IDEM_COL_RESPONSE] = JsonbPGetDatum(rec->response);
+	n[IDEM_COL_RESPONSE] = (rec->response == NULL);
+	v[IDEM_COL_HOLDER] = Int64GetDatum(rec->holder);
+	n[IDEM_COL_HOLDER] = (rec->holder == 0);
+	v[IDEM_COL_CHECKPOINT] = JsonbPGetDatum(rec->checkpoint);
+	n[IDEM_COL_CHECKPOINT] = (rec->checkpoint == NULL);
+	v[IDEM_COL_TAKEOVERS] = Int32GetDatum(rec->takeovers);
+	v[IDEM_COL_FORGET_AT] = TimestampTzGetDatum(rec->forget_at);
+	n[IDEM_COL_FORGET_AT] = (rec->forget_at == 0);
+
+	if (!shape->has_1_4 &&
+		(rec->holder != 0 || rec->checkpoint != NULL || rec->forget_at != 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("table \"%s\" has no columns of version 1.4",
+						RelationGetRelationName(w->store->heap[w->table])),
+				 errhint("Update the extension: ALTER EXTENSION idempotency UPDATE.")));
+
+	for (int c = 0; c < IDEM_NUM_COLUMNS; c++)
+	{
+		AttrNumber	att = shape->attnum[c];
+
+		if (att == InvalidAttrNumber)
+			continue;
+		slot->tts_values[att - 1] = v[c];
+		slot->tts_isnull[att - 1] = n[c];
+	}
+	if (!shape->exact)
+		fill_other_columns(w, oldslot);
 	ExecStoreVirtualTuple(slot);
+}
+
+static void
+write_skipped(RecordWrite *w, const IdemKey *key, const char *what)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+			 errmsg("a trigger on table \"%s\" %s the write of idempotency key \"%s\"",
+					RelationGetRelationName(w->store->heap[w->table]), what,
+					text_to_cstring(key->key)),
+			 errdetail("A BEFORE ROW trigger on the table returned NULL or changed the extension's columns; nothing was recorded."),
+			 errhint("Triggers on the idempotency tables must return the row they are given, with the extension's columns unchanged.")));
+}
+
+/*
+ * After an insert or update: did the table get the version asked for?  A
+ * BEFORE ROW trigger can skip the write (return NULL) or change the row;
+ * reporting a claim or a result that was not written is how a second
+ * effect happens.  Without such triggers the executor wrote what it was
+ * given.
+ */
+static void
+verify_write(RecordWrite *w, const IdemKey *key, bool before_triggers)
+{
+	TupleDesc	desc = w->slot->tts_tupleDescriptor;
+	const IdemShape *shape = &w->store->shape[w->table];
+
+	if (!before_triggers)
+		return;
+	if (!ItemPointerIsValid(&w->slot->tts_tid))
+		write_skipped(w, key, "skipped");
+	slot_getallattrs(w->slot);
+	for (int c = 0; c < IDEM_NUM_COLUMNS; c++)
+	{
+		AttrNumber	att = shape->attnum[c];
+		Form_pg_attribute a;
+
+		if (att == InvalidAttrNumber)
+			continue;
+		a = TupleDescAttr(desc, att - 1);
+		if (w->slot->tts_isnull[att - 1] != w->expected_null[c] ||
+			(!w->expected_null[c] &&
+			 !datum_image_eq(w->slot->tts_values[att - 1], w->expected[c],
+						   a->attbyval, a->attlen)))
+			write_skipped(w, key, "changed");
+	}
+}
+
+/*
+ * After a delete: is the version gone?  A BEFORE DELETE trigger that
+ * returns NULL leaves it, and a record left behind would be found again.
+ */
+static void
+verify_delete(RecordWrite *w, const IdemKey *key, ItemPointer tid)
+{
+	ItemPointerData t = *tid;
+
+	if (w->rri->ri_TrigDesc == NULL || !w->rri->ri_TrigDesc->trig_delete_before_row)
+		return;
+	if (table_tuple_fetch_row_version(w->store->heap[w->table], &t, SnapshotSelf,
+									  w->slot))
+		write_skipped(w, key, "skipped");
+}
+
+static void
+insert_version(IdemStore *store, int table, const IdemKey *key,
+			   const IdemRecord *rec, ItemPointer tid)
+{
+	RecordWrite w;
+
+	write_begin(store, table, &w);
+	fill_slot(&w, key, rec, NULL);
+	ExecSimpleRelationInsert(w.rri, w.estate, w.slot);
+	verify_write(&w, key, w.rri->ri_TrigDesc != NULL &&
+				 w.rri->ri_TrigDesc->trig_insert_before_row);
+	if (tid != NULL)
+		*tid = w.slot->tts_tid;
+	write_end(&w);
 }
 
 void
 idem_store_insert(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 {
-	RecordWrite w;
+	ItemPointerData tid;
 
 	Assert(IdemRecordIsPending(rec));
 
-	write_begin(store, IDEM_RECORDS, &w);
-	fill_slot(w.slot, key, rec);
-	ExecSimpleRelationInsert(w.rri, w.estate, w.slot);
+	insert_version(store, IDEM_RECORDS, key, rec, &tid);
 
 	last_claim.xid = GetCurrentTransactionId();
 	last_claim.relid = RelationGetRelid(store->heap[IDEM_RECORDS]);
 	last_claim.relfilenumber = idem_relfilenumber(store->heap[IDEM_RECORDS]);
 	last_claim.role = key->role;
 	last_claim.token = rec->token;
-	last_claim.tid = w.slot->tts_tid;
-
-	write_end(&w);
+	last_claim.tid = tid;
 }
 
 /*
@@ -589,18 +955,30 @@ lock_version(IdemStore *store, const IdemRecord *rec, RecordWrite *w)
 }
 
 /*
- * Replace the version rec->tid (in table rec->table) with rec's values.
- * A completed record goes to idem_result when the durability mode is
- * 'completed', anything else to idem_record: when that is the other table,
- * the version is deleted there and the new one inserted here, in this
- * transaction.  Anything but TM_Ok means the version was changed or
- * deleted by a concurrent writer and nothing was written.
+ * The table a version belongs in.  In durability mode 'completed',
+ * idem_result (logged) holds what must survive a crash: completed records,
+ * and claims that have a checkpoint; idem_record (unlogged) the rest.  In
+ * the other modes everything is in idem_record.
+ */
+static int
+home_table(const IdemStore *store, const IdemRecord *rec)
+{
+	if (store->split && (!IdemRecordIsPending(rec) || rec->checkpoint != NULL))
+		return IDEM_RESULTS;
+	return IDEM_RECORDS;
+}
+
+/*
+ * Replace the version rec->tid (in table rec->table) with rec's values, in
+ * the table where the durability mode keeps it (home_table): when that is
+ * the other table, the version is deleted there and the new one inserted
+ * here, in this transaction.  Anything but TM_Ok means the version was
+ * changed or deleted by a concurrent writer and nothing was written.
  */
 TM_Result
 idem_store_update(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 {
-	int			to = (store->split && !IdemRecordIsPending(rec)) ?
-		IDEM_RESULTS : IDEM_RECORDS;
+	int			to = home_table(store, rec);
 	RecordWrite w;
 	TM_Result	result;
 
@@ -610,26 +988,28 @@ idem_store_update(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 	result = lock_version(store, rec, &w);
 	if (result == TM_Ok && to == rec->table)
 	{
-		fill_slot(w.slot, key, rec);
+		fill_slot(&w, key, rec, w.oldslot);
 		ExecSimpleRelationUpdate(w.rri, w.estate, &w.epq, w.oldslot, w.slot);
+		verify_write(&w, key, w.rri->ri_TrigDesc != NULL &&
+					 w.rri->ri_TrigDesc->trig_update_before_row);
 	}
 	else if (result == TM_Ok)
+	{
 		ExecSimpleRelationDelete(w.rri, w.estate, &w.epq, w.oldslot);
+		verify_delete(&w, key, &w.oldslot->tts_tid);
+	}
 	write_end(&w);
 
 	if (result == TM_Ok && to != rec->table)
 	{
 		need_table(store, to);
-		write_begin(store, to, &w);
-		fill_slot(w.slot, key, rec);
-		ExecSimpleRelationInsert(w.rri, w.estate, w.slot);
-		write_end(&w);
+		insert_version(store, to, key, rec, NULL);
 	}
 	return result;
 }
 
 TM_Result
-idem_store_delete(IdemStore *store, const IdemRecord *rec)
+idem_store_delete(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 {
 	RecordWrite w;
 	TM_Result	result;
@@ -637,7 +1017,10 @@ idem_store_delete(IdemStore *store, const IdemRecord *rec)
 	write_begin(store, rec->table, &w);
 	result = lock_version(store, rec, &w);
 	if (result == TM_Ok)
+	{
 		ExecSimpleRelationDelete(w.rri, w.estate, &w.epq, w.oldslot);
+		verify_delete(&w, key, &w.oldslot->tts_tid);
+	}
 	write_end(&w);
 	return result;
 }
@@ -645,6 +1028,7 @@ idem_store_delete(IdemStore *store, const IdemRecord *rec)
 /* An index scan of one role's records in one table */
 typedef struct RoleScan
 {
+	int			table;
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	bool		valid;			/* slot holds the next record */
@@ -658,13 +1042,12 @@ role_scan_next(RoleScan *rs)
 
 /* C-collation order of (operation, key) of two records */
 static int
-record_cmp(TupleTableSlot *a, TupleTableSlot *b)
+record_cmp(IdemStore *store, RoleScan *a, RoleScan *b)
 {
-	for (AttrNumber att = Anum_operation; att <= Anum_key; att++)
+	for (IdemColumn c = IDEM_COL_OPERATION; c <= IDEM_COL_KEY; c++)
 	{
-		bool		isnull;
-		text	   *ta = DatumGetTextPP(slot_getattr(a, att, &isnull));
-		text	   *tb = DatumGetTextPP(slot_getattr(b, att, &isnull));
+		text	   *ta = DatumGetTextPP(required_column(store, a->table, a->slot, c));
+		text	   *tb = DatumGetTextPP(required_column(store, b->table, b->slot, c));
 		int			la = VARSIZE_ANY_EXHDR(ta);
 		int			lb = VARSIZE_ANY_EXHDR(tb);
 		int			c = memcmp(VARDATA_ANY(ta), VARDATA_ANY(tb), Min(la, lb));
@@ -689,11 +1072,12 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 	ScanKeyData skey[1];
 	RoleScan	rs[IDEM_NUM_TABLES];
 
-	ScanKeyInit(&skey[0], Anum_role_id, BTEqualStrategyNumber, F_OIDEQ,
+	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_OIDEQ,
 				ObjectIdGetDatum(role));
 	for (int t = 0; t < store->ntables; t++)
 	{
 		need_table(store, t);
+		rs[t].table = t;
 		rs[t].slot = table_slot_create(store->heap[t], NULL);
 		rs[t].scan = idem_index_beginscan(store->heap[t], store->index[t],
 										  GetActiveSnapshot(), 1, 0);
@@ -704,21 +1088,20 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 	for (;;)
 	{
 		RoleScan   *next = NULL;
-		bool		isnull;
 		bool		pending;
 		TimestampTz expires_at;
 		text	   *operation;
 
 		for (int t = 0; t < store->ntables; t++)
 			if (rs[t].valid &&
-				(next == NULL || record_cmp(rs[t].slot, next->slot) < 0))
+				(next == NULL || record_cmp(store, &rs[t], next) < 0))
 				next = &rs[t];
 		if (next == NULL)
 			break;
 
-		operation = DatumGetTextPP(slot_getattr(next->slot, Anum_operation, &isnull));
-		(void) slot_getattr(next->slot, Anum_completed_at, &pending);
-		expires_at = DatumGetTimestampTz(slot_getattr(next->slot, Anum_expires_at, &isnull));
+		operation = DatumGetTextPP(required_column(store, next->table, next->slot, IDEM_COL_OPERATION));
+		(void) column(store, next->table, next->slot, IDEM_COL_COMPLETED_AT, &pending);
+		expires_at = DatumGetTimestampTz(required_column(store, next->table, next->slot, IDEM_COL_EXPIRES_AT));
 		fn(arg, operation, pending, expires_at);
 		role_scan_next(next);
 	}
