@@ -211,8 +211,8 @@ response_too_large(const char *name, bool as_text, Size size)
 			 as_text ?
 			 errdetail("Its text form takes %zu bytes; idempotency.max_response_size is %d bytes.",
 					   size, idem_max_response_size) :
-			 errdetail("It takes %zu bytes; idempotency.max_response_size is %d bytes.",
-					   size, idem_max_response_size),
+			 errdetail("The %s takes %zu bytes; idempotency.max_response_size is %d bytes.",
+					   name, size, idem_max_response_size),
 			 errhint("Store the response elsewhere and finish with a reference to it.")));
 }
 
