@@ -156,3 +156,17 @@ CREATE TRIGGER idem_settle AFTER INSERT ON @extschema@.idem_result
 
 /* the current mode, so that a dump of the updated database carries it */
 SELECT @extschema@.idem_set_durability(@extschema@.idem_durability());
+
+/*
+ * The cluster that started the last token epoch (src/tokens.c): timeline
+ * numbers mean something only within one cluster, and a dump restored
+ * elsewhere, or pg_upgrade, starts over on lower ones.  Logged and dumped
+ * like idem_token_epoch; set now to this cluster.
+ */
+CREATE SEQUENCE @extschema@.idem_token_cluster AS pg_catalog.int8
+	MINVALUE -9223372036854775808 NO CYCLE;
+REVOKE ALL ON SEQUENCE @extschema@.idem_token_cluster FROM PUBLIC;
+GRANT SELECT ON SEQUENCE @extschema@.idem_token_cluster TO pg_database_owner;
+SELECT pg_catalog.pg_extension_config_dump('idem_token_cluster', '');
+SELECT pg_catalog.setval('idem_token_cluster',
+	(SELECT system_identifier FROM pg_catalog.pg_control_system()));

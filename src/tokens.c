@@ -52,6 +52,18 @@
  * pg_dump carries the epoch, not the count: a restored database starts a
  * new epoch, above every dumped one.
  *
+ * Timeline numbers belong to one cluster.  A dump restored into another
+ * cluster, or pg_upgrade's new cluster, starts over on its own timelines,
+ * which may be lower than those recorded -- and a standby of that cluster,
+ * promoted before it saw the cluster's first epoch, would compare its own
+ * timeline with the recorded one and pick the band its primary picked.
+ * So from version 1.4 idem_token_cluster records the system identifier
+ * of the cluster that started the last epoch.  An epoch recorded by
+ * another cluster (or by version 1.3) starts a new history: the band goes
+ * up by the whole current timeline, whatever the recorded one was.  A
+ * promoted standby shares its primary's identifier and has a greater
+ * timeline: its band is above its primary's again.
+ *
  * The first epoch of an installation starts from the clock: band = days
  * since 2020-01-01 UTC (plus the timeline, as above), serial = the second of
  * that day.  DROP EXTENSION takes the epoch sequence with it, and the next
@@ -223,13 +235,17 @@ epochs_exhausted(const char *what)
 
 /*
  * The epoch after the one idem_token_epoch holds, recorded there with the
- * current timeline.
+ * current timeline (and in idem_token_cluster, if the installation has
+ * it, with the cluster).
  */
 static int64
-next_epoch(Oid seqid)
+next_epoch(Oid seqid, Oid cluster_seqid)
 {
 	XLogRecPtr	lsn;
 	int64		last = read_sequence(seqid, &lsn);
+	int64		cluster = (int64) GetSystemIdentifier();
+	bool		other_cluster = OidIsValid(cluster_seqid) &&
+		read_sequence(cluster_seqid, &lsn) != cluster;
 	int64		last_timeline = last >> EPOCH_BITS;
 	int64		band = (last >> SERIAL_BITS) & FIELD_MAX(BAND_BITS);
 	int64		serial = last & FIELD_MAX(SERIAL_BITS);
@@ -249,7 +265,9 @@ next_epoch(Oid seqid)
 				   ((last + 1) >> (COUNT_BITS + SERIAL_BITS - COUNT_BITS_V12)) + 1);
 		serial = secs % SECS_PER_DAY;
 	}
-	if (timeline > last_timeline)
+	if (other_cluster && last_timeline != 0)
+		band += timeline;		/* a new history: see the file header */
+	else if (timeline > last_timeline)
 		band += timeline - last_timeline;
 	serial++;
 
@@ -260,6 +278,8 @@ next_epoch(Oid seqid)
 	if (serial > FIELD_MAX(SERIAL_BITS))
 		epochs_exhausted("number of epochs");
 
+	if (OidIsValid(cluster_seqid))
+		set_sequence(cluster_seqid, cluster, true);
 	set_sequence(seqid, timeline << EPOCH_BITS | band << SERIAL_BITS | serial, true);
 	return band << SERIAL_BITS | serial;
 }
@@ -282,7 +302,8 @@ start_epoch(IdemStore *store, int bits)
 	set_sequence(store->token_seq, PG_INT64_MIN, false);
 
 	if (bits == COUNT_BITS)
-		epoch = next_epoch(store->epoch_seq);
+		epoch = next_epoch(store->epoch_seq,
+						   idem_store_member(store, "idem_token_cluster"));
 	else
 		epoch = nextval_internal(store->epoch_seq, false);
 
