@@ -3,7 +3,9 @@
 
 EXTENSION = idempotency
 MODULE_big = idempotency
-# $(srcdir) keeps out-of-tree (VPATH) builds, as pg_buildext does them, working
+# $(srcdir) (set by PGXS: "." in the tree, the VPATH out of it) keeps
+# out-of-tree builds, as pg_buildext does them, working; OBJS is expanded
+# only where it is used, after PGXS has set srcdir
 OBJS = $(patsubst $(srcdir)/%.c,%.o,$(wildcard $(srcdir)/src/*.c))
 # the install script of 1.0 and the update scripts, beside the control file
 UPDATE_CHAIN = idempotency--1.0.sql \
@@ -15,9 +17,6 @@ DATA = $(UPDATE_CHAIN)
 # the install script of 1.4 is built from them (below)
 DATA_built = idempotency--1.4.sql
 PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
-
-# every file includes the shared header (PGXS tracks no header dependencies)
-$(OBJS): $(srcdir)/src/idempotency.h $(srcdir)/src/pg_compat.h
 
 # No -Werror here: a newer compiler's new warning must not break a user's
 # build.  test/run builds with COPT=-Werror, so CI treats warnings as errors.
@@ -46,6 +45,17 @@ EXTRA_CLEAN = output_iso
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# every file includes the shared header (PGXS tracks no header dependencies);
+# after the include, where srcdir and so OBJS are known
+$(OBJS): $(srcdir)/src/idempotency.h $(srcdir)/src/pg_compat.h
+
+# Out of tree, the objects (and LLVM bitcode) go to src/ under the build
+# directory, which must exist first.  An absolute name, because make would
+# find the source tree's src/ through VPATH.
+$(OBJS) $(OBJS:.o=.bc): | $(CURDIR)/src
+$(CURDIR)/src:
+	mkdir -p $@
 
 # idempotency--1.4.sql: idempotency--1.4.sql.in with its place-holder line
 # replaced by the scripts of UPDATE_CHAIN, each under a "from" line, without

@@ -73,7 +73,11 @@ SELECT response FROM idem_begin('order.create', 'k1', idem_fingerprint('order-1'
 
 -- A token that was never issued for the key: IK412 for finish, false for
 -- abort -- both for a key that has a record and for one that has none.
+-- The DETAIL says what the record shows: a greater token, a smaller one,
+-- or no record.
 SELECT idem_finish('order.create', 'k1', 999, '{}');
+\echo :SQLSTATE
+SELECT idem_finish('order.create', 'k1', 9223372036854775807, '{}');
 \echo :SQLSTATE
 SELECT idem_finish('order.create', 'no-such-key', 999, '{}');
 \echo :SQLSTATE

@@ -91,3 +91,10 @@ SELECT idem_abort('lease', 'e1', :e1_token);
 SELECT idem_finish('lease', 'e1', :e1_new_token, '{"charge": "ch_e1_again"}');
 SELECT status, response FROM idem_begin('lease', 'e1', '\x02');
 SELECT count(*) AS records FROM idem_record WHERE operation = 'lease' AND key = 'e1';
+
+-- idem_renew cannot extend a lease past the claim's ttl (22023); the DETAIL
+-- shows both.  The claim keeps its lease and can still be finished.
+SELECT token AS r1_token FROM idem_begin('lease', 'r1', NULL, lease => '1 s', ttl => '1 min') \gset
+SELECT idem_renew('lease', 'r1', :r1_token, '2 min');
+\echo :SQLSTATE
+SELECT idem_finish('lease', 'r1', :r1_token, '"renewed"');

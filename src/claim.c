@@ -131,14 +131,67 @@ raise_in_progress(const IdemKey *key, bool ours)
 			 ours ? 0 : errhint("Retry after the other attempt has finished.")));
 }
 
+/*
+ * IK412 for a token that does not hold the key.  The DETAIL says what the
+ * key's record shows, looked up once more for the message: no record, a
+ * greater token (a later claim, or a token of another key), this claim
+ * finished, or a smaller token (one this key never had).
+ */
 static void
-raise_stale_token(const IdemKey *key, int64 token)
+raise_stale_token(FunctionCallInfo fcinfo, const IdemKey *key, int64 token)
 {
+	IdemStore	store;
+	IdemRecord	rec;
+	bool		found;
+	char	   *detail;
+
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
+	found = idem_store_fetch(&store, key, &rec);
+	idem_store_close(&store, false);
+
+	if (!found)
+		detail = psprintf("Role \"%s\" has no record of operation \"%s\" with this key: "
+						  "the claim was aborted, rolled back or purged after it expired, "
+						  "or the token was never issued for this key.",
+						  GetUserNameFromId(key->role, false),
+						  text_to_cstring(key->operation));
+	else if (rec.token > token)
+		detail = psprintf("The key is held by a claim with a greater token, now %s: "
+						  "this token's claim was taken over after its lease lapsed, or was aborted, "
+						  "or the token was never issued for this key.",
+						  IdemRecordIsPending(&rec) ? "pending" : "completed");
+	else if (rec.token < token)
+		detail = pstrdup("The key's record has a smaller token: "
+						 "this token was never issued for this key, "
+						 "or the transaction that claimed the key with it rolled back.");
+	else if (!IdemRecordIsPending(&rec))
+		detail = pstrdup("The claim was finished already: its response is stored.");
+	else
+		detail = pstrdup("The claim was changed by a concurrent transaction.");
+
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEMPOTENCY_STALE_TOKEN),
 			 errmsg("token %lld does not hold idempotency key \"%s\"",
 					(long long) token, text_to_cstring(key->key)),
-			 errdetail("The claim was finished or aborted, or its lease lapsed and another attempt took the key over.")));
+			 errdetail_internal("%s", detail)));
+}
+
+/* 22023 for a lease longer than the ttl, showing both */
+static void
+raise_lease_over_ttl(int64 lease, const Interval *ttl)
+{
+	Interval	lease_iv;
+
+	memset(&lease_iv, 0, sizeof(lease_iv));
+	lease_iv.time = lease;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("idempotency lease must not be longer than its ttl"),
+			 errdetail("The lease is %s and the ttl is %s.",
+					   DatumGetCString(DirectFunctionCall1(interval_out,
+														   IntervalPGetDatum(&lease_iv))),
+					   DatumGetCString(DirectFunctionCall1(interval_out,
+														   IntervalPGetDatum(ttl))))));
 }
 
 static void
@@ -412,9 +465,7 @@ idem_begin(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("idempotency ttl must be at least 1 minute")));
 	if (req.lease > ttl_usecs)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("idempotency lease must not be longer than its ttl")));
+		raise_lease_over_ttl(req.lease, &req.ttl);
 	if (req.remember != 0 && req.remember < ttl_usecs)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -546,9 +597,7 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 				break;
 			case CLAIM_RENEW:
 				if (lease > idem_interval_usecs(&rec->ttl, "ttl"))
-					ereport(ERROR,
-							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-							 errmsg("idempotency lease must not be longer than its ttl")));
+					raise_lease_over_ttl(lease, &rec->ttl);
 				rec->expires_at = now + lease;
 				result = idem_store_update(store, key, rec);
 				break;
@@ -610,7 +659,7 @@ idem_finish(PG_FUNCTION_ARGS)
 							response, 0, &rec);
 
 	if (!held)
-		raise_stale_token(&key, token);
+		raise_stale_token(fcinfo, &key, token);
 	PG_RETURN_VOID();
 }
 
@@ -663,7 +712,7 @@ idem_renew(PG_FUNCTION_ARGS)
 							NULL, lease, &rec);
 
 	if (!held)
-		raise_stale_token(&key, token);
+		raise_stale_token(fcinfo, &key, token);
 	PG_RETURN_TIMESTAMPTZ(rec.expires_at);
 }
 
@@ -690,6 +739,6 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 
 	if (!act_on_claim_for(fcinfo, "idem_checkpoint()", &key, token,
 						  CLAIM_CHECKPOINT, state, 0, &rec))
-		raise_stale_token(&key, token);
+		raise_stale_token(fcinfo, &key, token);
 	PG_RETURN_VOID();
 }

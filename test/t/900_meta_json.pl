@@ -336,4 +336,26 @@ is($deb_upstream, $meta->{version}, "debian/changelog's upstream version ($deb_v
 like(slurp('debian/control.in'), qr/^Package: postgresql-PGVERSION-idempotency$/m,
 	'debian/control.in builds postgresql-PGVERSION-idempotency');
 
+# the maintainer is the packaging's: debian/control names the same one
+my ($deb_maintainer) = slurp('debian/control') =~ /^Maintainer:\s*(.+?)\s*$/m;
+is_deeply($meta->{maintainer}, [$deb_maintainer], "maintainer is debian/control's ($deb_maintainer)");
+
+# resources, when given, are real addresses: no reserved example domain
+# (RFC 2606), no place-holder text
+for my $k (sort keys %{ $meta->{resources} // {} })
+{
+	my $r = $meta->{resources}{$k};
+	my @urls = ref $r eq 'HASH' ? grep { defined && !ref } values %$r : ($r);
+	ok(!grep({ m{^\w+://([^/]*\.)?example(\.(com|org|net))?([:/]|$)}i || /place.?holder|TODO|XXX/i } @urls),
+		"resources.$k is not a place-holder (@urls)");
+}
+
+# CHANGELOG.md: a stable release's section has a date, not "(unreleased)"
+my ($major_minor) = $meta->{version} =~ /^(\d+\.\d+)\./;
+my ($heading) = slurp('CHANGELOG.md') =~ /^(## \Q$major_minor\E\b.*)$/m;
+ok(defined $heading, "CHANGELOG.md has a section for $major_minor");
+like($heading // '', qr/^## \Q$major_minor\E \(\d{4}-\d{2}-\d{2}\)$/,
+	"CHANGELOG.md dates $major_minor, which META.json releases as $meta->{release_status}")
+  if ($meta->{release_status} // '') eq 'stable';
+
 done_testing();
