@@ -369,7 +369,8 @@ claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 
 		/* absent or expired: claim it */
 		memset(&claim, 0, sizeof(claim));
-		claim.token = idem_next_token(store);
+		claim.token = found ? idem_next_token_above(store, rec->token) :
+			idem_next_token(store);
 		claim.fingerprint = fingerprint;
 		claim.ttl = req->ttl;
 		claim.created_at = now;

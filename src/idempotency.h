@@ -214,6 +214,7 @@ extern void idem_store_init(void);
 /* ---- fencing tokens (tokens.c) ---- */
 
 extern int64 idem_next_token(IdemStore *store);
+extern int64 idem_next_token_above(IdemStore *store, int64 floor);
 
 /* ---- counters (counters.c) ---- */
 

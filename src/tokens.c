@@ -239,7 +239,7 @@ epochs_exhausted(const char *what)
  * it, with the cluster).
  */
 static int64
-next_epoch(Oid seqid, Oid cluster_seqid)
+next_epoch(Oid seqid, Oid cluster_seqid, int64 min_epoch)
 {
 	XLogRecPtr	lsn;
 	int64		last = read_sequence(seqid, &lsn);
@@ -270,6 +270,9 @@ next_epoch(Oid seqid, Oid cluster_seqid)
 	else if (timeline > last_timeline)
 		band += timeline - last_timeline;
 	serial++;
+	/* above a token some record already holds (idem_next_token_above) */
+	if ((band << SERIAL_BITS | serial) <= min_epoch)
+		band = (min_epoch >> SERIAL_BITS) + 1;
 
 	if (timeline > TIMELINE_MAX)
 		epochs_exhausted("timeline");
@@ -289,7 +292,7 @@ next_epoch(Oid seqid, Oid cluster_seqid)
  * The caller holds the epoch lock.
  */
 static void
-start_epoch(IdemStore *store, int bits)
+start_epoch(IdemStore *store, int bits, int64 min_epoch)
 {
 	int64		epoch;
 	XLogRecPtr	lsn;
@@ -303,7 +306,8 @@ start_epoch(IdemStore *store, int bits)
 
 	if (bits == COUNT_BITS)
 		epoch = next_epoch(store->epoch_seq,
-						   idem_store_member(store, "idem_token_cluster"));
+						   idem_store_member(store, "idem_token_cluster"),
+						   min_epoch);
 	else
 		epoch = nextval_internal(store->epoch_seq, false);
 
@@ -350,9 +354,38 @@ idem_next_token(IdemStore *store)
 		value = nextval_internal(store->token_seq, false);
 		bits = count_bits(store);
 		if (!token_in_epoch(value, bits))
-			start_epoch(store, bits);
+			start_epoch(store, bits, 0);
 		UnlockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
 		if (token_in_epoch(value, bits))
 			return value;
+	}
+}
+
+/*
+ * A token greater than floor, the token of the record a claim replaces.
+ * Tokens of one cluster only grow, but a record can come from another
+ * cluster -- restored from a dump, or replicated by logical replication
+ * from a publisher whose epochs are ahead -- and must still be fenced off:
+ * when the next token is not above it, the next epoch starts above it.
+ */
+int64
+idem_next_token_above(IdemStore *store, int64 floor)
+{
+	for (;;)
+	{
+		int64		value = idem_next_token(store);
+		int			bits;
+
+		if (value > floor || !OidIsValid(store->epoch_seq))
+			return value;
+		bits = count_bits(store);
+		if (bits != COUNT_BITS)
+			return value;		/* version 1.2's layout has no bands */
+
+		LockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
+		value = nextval_internal(store->token_seq, false);
+		if (value <= floor || !token_in_epoch(value, bits))
+			start_epoch(store, bits, floor >> COUNT_BITS);
+		UnlockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
 	}
 }
