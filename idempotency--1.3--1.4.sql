@@ -111,9 +111,9 @@ GRANT SELECT ON @extschema@.idem_stats_counters TO PUBLIC;
  * The durability mode, kept where a dump finds it.  The mode itself is the
  * tables' persistence, which a dump does not carry: CREATE EXTENSION in the
  * restored database starts in 'completed'.  idem_set_durability writes the
- * mode here too; pg_dump dumps this row, and restoring it switches the
- * restored database to the mode that was dumped, replacing the row that
- * CREATE EXTENSION wrote (idem_mode_restored).
+ * mode here too (no row: 'completed', where a new installation starts);
+ * pg_dump dumps this row, and restoring it switches the
+ * restored database to the mode that was dumped (idem_mode_restored).
  * Records restored into either table are settled where the mode keeps them
  * (idem_settle): a statement trigger, which the idem_* functions' own
  * writes never fire, only INSERT and COPY do.
@@ -170,3 +170,24 @@ GRANT SELECT ON SEQUENCE @extschema@.idem_token_cluster TO pg_database_owner;
 SELECT pg_catalog.pg_extension_config_dump('idem_token_cluster', '');
 SELECT pg_catalog.setval('idem_token_cluster',
 	(SELECT system_identifier FROM pg_catalog.pg_control_system()));
+
+/*
+ * Publications (src/admin.c): idem_result is logged in modes 'completed'
+ * and 'all', so FOR ALL TABLES (or FOR TABLES IN SCHEMA of this schema)
+ * would send its changes to subscribers that may not have the extension,
+ * whose apply worker then stops, and the application's tables with it.
+ * The guard refuses such a publication, and the installation or update of
+ * the extension while one exists (idem_set_durability, at the end of the
+ * script, checks), unless idempotency.publish_records is on (README,
+ * "Replication").
+ */
+CREATE FUNCTION @extschema@.idem_publication_guard()
+RETURNS event_trigger
+AS 'MODULE_PATHNAME', 'idem_publication_guard'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION @extschema@.idem_publication_guard() FROM PUBLIC;
+
+CREATE EVENT TRIGGER idem_publication_guard ON ddl_command_end
+	WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
+	EXECUTE FUNCTION @extschema@.idem_publication_guard();

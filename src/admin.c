@@ -31,10 +31,13 @@
 #include "access/htup_details.h"
 #include "catalog/pg_class_d.h"
 #include "catalog/pg_type_d.h"
+#include "commands/event_trigger.h"
+#include "commands/extension.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 
@@ -226,7 +229,12 @@ move_records(const char *from, const char *to, bool to_results, bool has_1_4)
  */
 static bool switching = false;
 
-/* The durability row (version 1.4): what a dump carries of the mode */
+/*
+ * The durability row (version 1.4): what a dump carries of the mode.  The
+ * mode a new installation starts in, 'completed', is no row at all, so
+ * that a restore's CREATE EXTENSION and a logical replication subscriber's
+ * initial copy find nothing to collide with.
+ */
 static void
 record_mode(Oid fn_oid, IdemDurability mode)
 {
@@ -240,8 +248,9 @@ record_mode(Oid fn_oid, IdemDurability mode)
 	table = qualified_name(relid);
 	args[0] = CStringGetTextDatum(durability_names[mode]);
 	run_sql(psprintf("DELETE FROM %s", table), 0, NULL, NULL, SPI_OK_DELETE);
-	run_sql(psprintf("INSERT INTO %s (durability) VALUES ($1)", table),
-			1, argtypes, args, SPI_OK_INSERT);
+	if (mode != IDEM_DURABILITY_COMPLETED)
+		run_sql(psprintf("INSERT INTO %s (durability) VALUES ($1)", table),
+				1, argtypes, args, SPI_OK_INSERT);
 }
 
 /*
@@ -315,11 +324,19 @@ while_switching(void (*fn) (Oid, IdemDurability), Oid fn_oid, IdemDurability mod
 	PG_END_TRY();
 }
 
+static void check_publications(bool only_this_command);
+
+/*
+ * idem_set_durability.  Run by the install and update scripts too, which
+ * then check that no publication takes the tables they create.
+ */
 static void
 set_durability_and_record(Oid fn_oid, IdemDurability mode)
 {
 	switch_tables(fn_oid, mode);
 	record_mode(fn_oid, mode);
+	if (creating_extension)
+		check_publications(false);
 }
 
 static void
@@ -450,4 +467,95 @@ idem_settle(PG_FUNCTION_ARGS)
 						current_durability(idem_store_relid(fcinfo->flinfo->fn_oid),
 										   idem_store_result_relid(fcinfo->flinfo->fn_oid)));
 	return PointerGetDatum(NULL);
+}
+
+/* ---- publications (version 1.4) ---- */
+
+bool		idem_publish_records = false;
+
+/*
+ * A publication that takes one of the extension's logged tables without
+ * naming it -- FOR ALL TABLES, or FOR TABLES IN SCHEMA of the extension's
+ * schema -- sends its changes to subscribers that may not have the
+ * extension, whose apply worker then stops on the missing table, and every
+ * table of the application stops replicating with it.  Refuse that,
+ * unless idempotency.publish_records says the subscribers have the
+ * extension.
+ */
+static void
+check_publications(bool only_this_command)
+{
+	char	   *pubname;
+	char	   *relname;
+
+	if (idem_publish_records)
+		return;
+	SPI_connect();
+	run_sql(psprintf("SELECT pt.pubname::pg_catalog.text, pt.tablename::pg_catalog.text"
+			"  FROM pg_catalog.pg_publication_tables pt"
+			"  JOIN pg_catalog.pg_publication p ON p.pubname OPERATOR(pg_catalog.=) pt.pubname"
+			"  JOIN pg_catalog.pg_namespace n ON n.nspname OPERATOR(pg_catalog.=) pt.schemaname"
+			"  JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) n.oid"
+			"   AND c.relname OPERATOR(pg_catalog.=) pt.tablename"
+			"  JOIN pg_catalog.pg_depend d ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass"
+			"   AND d.objid OPERATOR(pg_catalog.=) c.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'"
+			"  JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid"
+			"   AND e.extname OPERATOR(pg_catalog.=) 'idempotency'"
+			" WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr"
+			"                    WHERE pr.prpubid OPERATOR(pg_catalog.=) p.oid"
+			"                      AND pr.prrelid OPERATOR(pg_catalog.=) c.oid)"
+			"%s ORDER BY 1, 2 LIMIT 1",
+			only_this_command ?
+			"   AND p.oid OPERATOR(pg_catalog.=) ANY (SELECT objid"
+			"         FROM pg_catalog.pg_event_trigger_ddl_commands()"
+			"        WHERE classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_publication'::pg_catalog.regclass)" : ""),
+			0, NULL, NULL, SPI_OK_SELECT);
+	if (SPI_processed == 0)
+	{
+		SPI_finish();
+		return;
+	}
+	pubname = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	relname = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("publication \"%s\" would publish the idempotency table \"%s\"",
+					pubname, relname),
+			 errdetail("A subscriber without the idempotency extension stops applying every table of the publication when it receives a change of this table."),
+			 errhint("Publish the application's tables or schemas by name. If every subscriber has the extension installed (a blue-green upgrade), SET idempotency.publish_records = on and run the command again.")));
+}
+
+/*
+ * idem_publication_guard: event trigger at the end of CREATE/ALTER
+ * PUBLICATION: that publication is checked.  The install and update
+ * scripts check every publication (set_durability_and_record).  idem_mode
+ * is always logged, so a publication that takes the extension's tables
+ * without naming them always takes it: a later durability switch that
+ * makes idem_result logged adds no publication to check.
+ */
+PG_FUNCTION_INFO_V1(idem_publication_guard);
+
+Datum
+idem_publication_guard(PG_FUNCTION_ARGS)
+{
+	EventTriggerData *trigdata = (EventTriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_EVENT_TRIGGER(fcinfo))
+		elog(ERROR, "idempotency: idem_publication_guard must be an event trigger");
+	(void) trigdata;
+	check_publications(true);
+	PG_RETURN_VOID();
+}
+
+void
+idem_admin_init(void)
+{
+	DefineCustomBoolVariable("idempotency.publish_records",
+							 "Allow publications that take the extension's tables without naming them.",
+							 "Set it only when every subscriber has the idempotency extension installed.",
+							 &idem_publish_records,
+							 false,
+							 PGC_USERSET,
+							 0,
+							 NULL, NULL, NULL);
 }

@@ -22,6 +22,7 @@ _PG_init(void)
 {
 	idem_args_init();			/* in_flight, lease, ttl, max_response_size */
 	idem_purge_init();			/* purge_*, databases; the workers */
+	idem_admin_init();			/* publish_records */
 	idem_counters_init();		/* shared memory, when preloaded */
 	idem_store_init();			/* forget cached OIDs on invalidation */
 

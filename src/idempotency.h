@@ -216,6 +216,11 @@ extern void idem_store_init(void);
 extern int64 idem_next_token(IdemStore *store);
 extern int64 idem_next_token_above(IdemStore *store, int64 floor);
 
+/* ---- administration (admin.c) ---- */
+
+extern bool idem_publish_records;
+extern void idem_admin_init(void);
+
 /* ---- counters (counters.c) ---- */
 
 typedef enum IdemCounter
