@@ -150,6 +150,7 @@ typedef struct IdemStore
 	Relation	heap[IDEM_NUM_TABLES];
 	Relation	index[IDEM_NUM_TABLES];	/* each table's primary key */
 	IdemShape	shape[IDEM_NUM_TABLES];	/* each table's columns */
+	bool		hidden[IDEM_NUM_TABLES];	/* unlogged, during recovery */
 	int			ntables;		/* 1 before version 1.3 */
 	Oid			result_relid;	/* idem_result; its heap[] is NULL until used */
 	bool		split;			/* mode 'completed': results to idem_result */
@@ -189,6 +190,7 @@ typedef struct IdemRecord
 
 extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode);
 extern void idem_store_close(IdemStore *store, bool release);
+extern void idem_store_note_hidden(IdemStore *store);
 extern bool idem_store_peek(IdemStore *store, const IdemKey *key,
 							IdemRecord *rec);
 extern bool idem_store_fetch(IdemStore *store, const IdemKey *key,

@@ -89,6 +89,7 @@ idem_stats_records(PG_FUNCTION_ARGS)
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
 	idem_store_scan_role(&store, GetUserId(), count_record, &st);
+	idem_store_note_hidden(&store);
 	idem_store_close(&store, false);
 	emit_group(&st);
 
@@ -111,6 +112,7 @@ idem_inspect(PG_FUNCTION_ARGS)
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
 	found = idem_store_fetch(&store, &key, &rec);
+	idem_store_note_hidden(&store);
 	idem_store_close(&store, false);
 
 	if (found)

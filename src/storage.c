@@ -305,15 +305,24 @@ open_table(IdemStore *store, int table, Oid relid)
 	Relation	heap = table_open(relid, store->lockmode);
 	Oid			pkey;
 
-	/* an unlogged table has no data on a standby: say so, not "no file" */
+	/*
+	 * An unlogged table has no data on a standby.  A look there (idem_inspect,
+	 * idem_stats) reads what the standby has -- completed records in a logged
+	 * idem_result -- and idem_store_note_hidden says what it cannot see.
+	 */
 	if (heap->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
 		RecoveryInProgress())
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("idempotency records cannot be read during recovery"),
-				 errdetail("Table \"%s\" is unlogged: it is not replicated to standbys.",
-						   RelationGetRelationName(heap)),
-				 errhint("Read them on the primary, or make the tables logged there with idem_set_durability('all').")));
+	{
+		if (store->lockmode != AccessShareLock)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("idempotency records cannot be written during recovery"),
+					 errdetail("Table \"%s\" is unlogged: it is not replicated to standbys.",
+							   RelationGetRelationName(heap))));
+		table_close(heap, store->lockmode);
+		store->hidden[table] = true;
+		return;
+	}
 
 	store->heap[table] = heap;
 	if (shape_relid[table] == relid)
@@ -368,10 +377,12 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	store->lockmode = lockmode;
 	store->fn_oid = fn_oid;
 
+	memset(store->heap, 0, sizeof(store->heap));
+	memset(store->index, 0, sizeof(store->index));
+	memset(store->hidden, 0, sizeof(store->hidden));
 	open_table(store, IDEM_RECORDS, relid);
 	store->ntables = OidIsValid(resultid) ? 2 : 1;
 	store->result_relid = resultid;
-	store->heap[IDEM_RESULTS] = store->index[IDEM_RESULTS] = NULL;
 
 	/*
 	 * The persistence of both decides the mode.  Our lock on idem_record
@@ -379,7 +390,8 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	 * invalidates idem_record, whose lock we took after it.
 	 */
 	store->split = OidIsValid(resultid) &&
-		store->heap[IDEM_RECORDS]->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
+		(store->hidden[IDEM_RECORDS] ||
+		 store->heap[IDEM_RECORDS]->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED) &&
 		get_rel_persistence(resultid) == RELPERSISTENCE_PERMANENT;
 }
 
@@ -391,8 +403,25 @@ static void
 need_table(IdemStore *store, int table)
 {
 	Assert(table < store->ntables);
-	if (table == IDEM_RESULTS && store->heap[IDEM_RESULTS] == NULL)
+	if (table == IDEM_RESULTS && store->heap[IDEM_RESULTS] == NULL &&
+		!store->hidden[IDEM_RESULTS])
 		open_table(store, IDEM_RESULTS, store->result_relid);
+}
+
+/*
+ * During recovery: say which records a look could not see (the unlogged
+ * tables'), as a NOTICE.
+ */
+void
+idem_store_note_hidden(IdemStore *store)
+{
+	if (store->hidden[IDEM_RECORDS])
+		ereport(NOTICE,
+				(errmsg("pending idempotency claims cannot be seen during recovery"),
+				 errdetail(store->split ?
+						   "Table \"idem_record\" is unlogged: it is not replicated to standbys. Completed records, which are logged, are shown." :
+						   "The record tables are unlogged: they are not replicated to standbys, and no record is shown."),
+				 errhint("Look on the primary to see every record.")));
 }
 
 /*
@@ -512,6 +541,8 @@ fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord *rec)
 	bool		found = false;
 
 	need_table(store, table);
+	if (store->heap[table] == NULL)
+		return false;			/* hidden during recovery */
 	InitDirtySnapshot(dirty);
 
 	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_OIDEQ,
@@ -1078,6 +1109,10 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 	{
 		need_table(store, t);
 		rs[t].table = t;
+		rs[t].valid = false;
+		rs[t].scan = NULL;
+		if (store->heap[t] == NULL)
+			continue;			/* hidden during recovery */
 		rs[t].slot = table_slot_create(store->heap[t], NULL);
 		rs[t].scan = idem_index_beginscan(store->heap[t], store->index[t],
 										  GetActiveSnapshot(), 1, 0);
@@ -1108,6 +1143,8 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 
 	for (int t = 0; t < store->ntables; t++)
 	{
+		if (rs[t].scan == NULL)
+			continue;
 		index_endscan(rs[t].scan);
 		ExecDropSingleTupleTableSlot(rs[t].slot);
 	}
