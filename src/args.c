@@ -23,7 +23,9 @@
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "access/xact.h"
 #include "utils/guc.h"
+#include "utils/guc_tables.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -263,6 +265,15 @@ typedef struct CheckedSetting
 	const char *name;
 	char	   *placeholder;	/* its value before the library was loaded */
 	char	   *invalid_value;	/* that value, if invalid; NULL: valid */
+
+	/*
+	 * A placeholder set in the transaction that loads the library (SET, SET
+	 * LOCAL) is undone by a rollback, and a SET LOCAL by a commit too: the
+	 * value the setting has once that transaction ends.
+	 */
+	bool		in_transaction;
+	char	   *at_commit;		/* NULL: the default */
+	char	   *at_abort;
 } CheckedSetting;
 
 enum
@@ -285,41 +296,56 @@ static CheckedSetting checked[NUM_CHECKED_SETTINGS] = {
 	{"idempotency.remember"},
 };
 
-/* A valid value was assigned: whatever was given before no longer counts */
+/* true while idem_args_init defines the settings */
+static bool defining = false;
+
+/*
+ * A valid value was assigned: whatever was given before no longer counts.
+ * (Defining a setting assigns its default first: that does not count.)
+ */
+static void
+forget_placeholder(int i)
+{
+	if (defining)
+		return;
+	checked[i].invalid_value = NULL;
+	checked[i].in_transaction = false;
+}
+
 static void
 assign_in_flight(int newval, void *extra)
 {
-	checked[CHECKED_IN_FLIGHT].invalid_value = NULL;
+	forget_placeholder(CHECKED_IN_FLIGHT);
 }
 
 static void
 assign_lease(int newval, void *extra)
 {
-	checked[CHECKED_LEASE].invalid_value = NULL;
+	forget_placeholder(CHECKED_LEASE);
 }
 
 static void
 assign_ttl(int newval, void *extra)
 {
-	checked[CHECKED_TTL].invalid_value = NULL;
+	forget_placeholder(CHECKED_TTL);
 }
 
 static void
 assign_max_response_size(int newval, void *extra)
 {
-	checked[CHECKED_MAX_RESPONSE_SIZE].invalid_value = NULL;
+	forget_placeholder(CHECKED_MAX_RESPONSE_SIZE);
 }
 
 static void
 assign_takeover(int newval, void *extra)
 {
-	checked[CHECKED_TAKEOVER].invalid_value = NULL;
+	forget_placeholder(CHECKED_TAKEOVER);
 }
 
 static void
 assign_remember(int newval, void *extra)
 {
-	checked[CHECKED_REMEMBER].invalid_value = NULL;
+	forget_placeholder(CHECKED_REMEMBER);
 }
 
 void
@@ -335,17 +361,105 @@ idem_check_settings(void)
 					 errhint("Set a valid value, or RESET the parameter.")));
 }
 
-/* Before the settings are defined: remember the placeholders' values */
+static char *
+keep_string(const char *value)
+{
+	return value == NULL ? NULL : MemoryContextStrdup(TopMemoryContext, value);
+}
+
+/* A placeholder's entry in the server's table of settings */
+static struct config_generic *
+placeholder_entry(const char *name)
+{
+#if PG_VERSION_NUM >= 160000
+	return find_option(name, false, true, DEBUG1);
+#else
+	struct config_generic **vars = get_guc_variables();
+	int			n = GetNumConfigOptions();
+
+	for (int i = 0; i < n; i++)
+		if (pg_strcasecmp(vars[i]->name, name) == 0)
+			return vars[i];
+	return NULL;
+#endif
+}
+
+/*
+ * Before the settings are defined: remember the placeholders' values, and
+ * for one set in this transaction, what it will be once the transaction
+ * ends (its newest change decides, as at the end of a transaction that
+ * did not nest: SET keeps it, SET LOCAL gives back the value before it;
+ * a rollback gives back the value before the transaction).
+ */
 static void
 remember_placeholders(void)
 {
 	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
 	{
-		const char *value = GetConfigOption(checked[i].name, true, false);
+		CheckedSetting *c = &checked[i];
+		const char *value = GetConfigOption(c->name, true, false);
+		struct config_generic *entry;
+		GucStack   *oldest;
 
-		if (value != NULL)
-			checked[i].placeholder = MemoryContextStrdup(TopMemoryContext, value);
+		if (value == NULL)
+			continue;
+		c->placeholder = keep_string(value);
+		entry = placeholder_entry(c->name);
+		if (entry == NULL || entry->stack == NULL || entry->vartype != PGC_STRING)
+			continue;
+
+		c->in_transaction = true;
+		for (oldest = entry->stack; oldest->prev != NULL; oldest = oldest->prev)
+			;
+		c->at_abort = keep_string(oldest->prior.val.stringval);
+		switch (entry->stack->state)
+		{
+			case GUC_SET:
+				c->at_commit = keep_string(value);
+				break;
+			case GUC_SET_LOCAL:
+				c->at_commit = keep_string(entry->stack->masked.val.stringval);
+				break;
+			default:
+				c->at_commit = keep_string(entry->stack->prior.val.stringval);
+				break;
+		}
 	}
+}
+
+/* Would value (NULL: the default) be accepted for the setting? */
+static bool
+setting_valid(const char *name, const char *value)
+{
+	return value == NULL ||
+		set_config_option(name, value, PGC_SUSET, PGC_S_SESSION,
+						  GUC_ACTION_SET, false, DEBUG1, false) != 0;
+}
+
+/* The loading transaction has ended: what counts now is what it left */
+static void
+settle_placeholders(XactEvent event, void *arg)
+{
+	bool		commit;
+
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT)
+		commit = true;
+	else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
+		commit = false;
+	else
+		return;
+
+	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
+	{
+		CheckedSetting *c = &checked[i];
+		char	   *value = commit ? c->at_commit : c->at_abort;
+
+		if (!c->in_transaction)
+			continue;
+		c->in_transaction = false;
+		c->invalid_value = setting_valid(c->name, value) ? NULL : value;
+	}
+	UnregisterXactCallback(settle_placeholders, NULL);
 }
 
 /*
@@ -356,15 +470,18 @@ remember_placeholders(void)
 static void
 check_placeholders(void)
 {
+	bool		any_in_transaction = false;
+
 	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
 	{
 		char	   *value = checked[i].placeholder;
 
-		if (value != NULL &&
-			set_config_option(checked[i].name, value, PGC_SUSET, PGC_S_SESSION,
-							  GUC_ACTION_SET, false, DEBUG1, false) == 0)
+		if (value != NULL && !setting_valid(checked[i].name, value))
 			checked[i].invalid_value = value;
+		any_in_transaction |= checked[i].in_transaction;
 	}
+	if (any_in_transaction && IsTransactionState())
+		RegisterXactCallback(settle_placeholders, NULL);
 }
 
 static const struct config_enum_entry in_flight_options[] = {
@@ -388,6 +505,7 @@ void
 idem_args_init(void)
 {
 	remember_placeholders();
+	defining = true;
 
 	DefineCustomEnumVariable("idempotency.in_flight",
 							 "What idem_begin does when another attempt holds the key.",
@@ -456,6 +574,7 @@ idem_args_init(void)
 							PGC_USERSET,
 							GUC_UNIT_S,
 							NULL, assign_remember, NULL);
+	defining = false;
 
 	check_placeholders();
 }
