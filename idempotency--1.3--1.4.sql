@@ -191,3 +191,18 @@ REVOKE ALL ON FUNCTION @extschema@.idem_publication_guard() FROM PUBLIC;
 CREATE EVENT TRIGGER idem_publication_guard ON ddl_command_end
 	WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
 	EXECUTE FUNCTION @extschema@.idem_publication_guard();
+
+/*
+ * An online durability switch (src/admin.c): records move between the
+ * tables in committed batches while claims go on, and each table changes
+ * its persistence in a short transaction once it holds few records.  A
+ * procedure that commits may have neither SECURITY DEFINER nor SET: it runs
+ * with the caller's rights (the tables' owner) and names every object
+ * fully qualified.
+ */
+CREATE PROCEDURE @extschema@.idem_set_durability_online(
+	mode		pg_catalog.text,
+	batch_size	pg_catalog.int4 DEFAULT 1000)
+AS 'MODULE_PATHNAME', 'idem_set_durability_online'
+LANGUAGE C;
+REVOKE ALL ON PROCEDURE @extschema@.idem_set_durability_online(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;

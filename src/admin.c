@@ -35,11 +35,13 @@
 #include "commands/extension.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
+#include "nodes/parsenodes.h"
 #include "fmgr.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
 
 #include "idempotency.h"
 
@@ -558,4 +560,145 @@ idem_admin_init(void)
 							 PGC_USERSET,
 							 0,
 							 NULL, NULL, NULL);
+}
+
+/* ---- online switch (version 1.4) ---- */
+
+/*
+ * One step of an online switch: drain table "from" into the other table
+ * (every record if all, else those that must survive a crash) in batches
+ * of batch records, each its own transaction; then, under ACCESS
+ * EXCLUSIVE locks, move what the last batches left and give "from" its
+ * new persistence -- a rewrite of a table that now holds few records.
+ */
+static void
+drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
+{
+	IdemStore	store;
+	int64		moved;
+	Oid			relid = from == IDEM_RECORDS ? idem_store_relid(fn_oid) :
+		idem_store_result_relid(fn_oid);
+	IdemDurability mode;
+
+	Assert(OidIsValid(relid));
+
+	do
+	{
+		PushActiveSnapshot(GetTransactionSnapshot());
+		idem_store_open(&store, fn_oid, RowExclusiveLock);
+		moved = idem_store_move_batch(&store, from, all, batch);
+		idem_store_close(&store, false);
+		PopActiveSnapshot();
+		SPI_commit();
+	} while (moved > 0);
+
+	PushActiveSnapshot(GetTransactionSnapshot());
+	run_sql(psprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE",
+					 qualified_name(idem_store_relid(fn_oid)),
+					 qualified_name(idem_store_result_relid(fn_oid))),
+			0, NULL, NULL, SPI_OK_UTILITY);
+	idem_store_open(&store, fn_oid, AccessExclusiveLock);
+	(void) idem_store_move_batch(&store, from, all, PG_INT64_MAX);
+	idem_store_close(&store, false);
+	run_sql(psprintf("ALTER TABLE %s SET %s", qualified_name(relid),
+					 logged ? "LOGGED" : "UNLOGGED"),
+			0, NULL, NULL, SPI_OK_UTILITY);
+	CacheInvalidateRelcacheByRelid(idem_store_relid(fn_oid));
+	mode = current_durability(idem_store_relid(fn_oid), idem_store_result_relid(fn_oid));
+	switching = true;
+	PG_TRY();
+	{
+		record_mode(fn_oid, mode);
+	}
+	PG_FINALLY();
+	{
+		switching = false;
+	}
+	PG_END_TRY();
+	PopActiveSnapshot();
+	SPI_commit();
+}
+
+/*
+ * CALL idem_set_durability_online(mode, batch_size): switch modes without
+ * holding claims up.  Each table whose persistence changes is first
+ * drained into the other table in committed batches (claims meanwhile find
+ * records in either table), then switched in a short transaction.  The
+ * order keeps every completed record at least as safe as the modes on
+ * either side of a step promise: a table is made logged before records
+ * move into it, and records move out of a table before it is made
+ * unlogged.  In mode 'all' completed records may stay in idem_result:
+ * both tables are logged.
+ */
+PG_FUNCTION_INFO_V1(idem_set_durability_online);
+
+Datum
+idem_set_durability_online(PG_FUNCTION_ARGS)
+{
+	Oid			fn_oid = fcinfo->flinfo->fn_oid;
+	IdemDurability target;
+	int64		batch;
+	bool		want_result_logged,
+				want_record_logged;
+
+	if (fcinfo->context == NULL || !IsA(fcinfo->context, CallContext) ||
+		castNode(CallContext, fcinfo->context)->atomic)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_TRANSACTION_TERMINATION),
+				 errmsg("idem_set_durability_online must be called by CALL outside a transaction block"),
+				 errhint("Inside a transaction, idem_set_durability switches in one step, holding claims up while it moves the records.")));
+	idem_require_arg(fcinfo, 0, "mode");
+	idem_require_arg(fcinfo, 1, "batch_size");
+	target = durability_from_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	batch = PG_GETARG_INT32(1);
+	if (batch < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("argument \"%s\" must be positive", "batch_size")));
+	if (!OidIsValid(idem_store_result_relid(fn_oid)))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("an online switch needs version 1.4 of the extension"),
+				 errhint("Update the extension: ALTER EXTENSION idempotency UPDATE.")));
+
+	want_result_logged = target != IDEM_DURABILITY_NONE;
+	want_record_logged = target == IDEM_DURABILITY_ALL;
+
+	SPI_connect_ext(SPI_OPT_NONATOMIC);
+	for (;;)
+	{
+		Oid			record_relid = idem_store_relid(fn_oid);
+		Oid			result_relid = idem_store_result_relid(fn_oid);
+		bool		record_logged = get_rel_persistence(record_relid) == RELPERSISTENCE_PERMANENT;
+		bool		result_logged = get_rel_persistence(result_relid) == RELPERSISTENCE_PERMANENT;
+
+		if (want_result_logged && !result_logged)
+			drain_and_flip(fn_oid, IDEM_RESULTS, true, true, batch);
+		else if (!want_record_logged && record_logged)
+			drain_and_flip(fn_oid, IDEM_RECORDS, false, false, batch);
+		else if (want_record_logged && !record_logged)
+			drain_and_flip(fn_oid, IDEM_RECORDS, false, true, batch);
+		else if (!want_result_logged && result_logged)
+			drain_and_flip(fn_oid, IDEM_RESULTS, true, false, batch);
+		else
+			break;
+	}
+	/* in mode 'completed', what must survive a crash goes to idem_result */
+	if (target == IDEM_DURABILITY_COMPLETED)
+	{
+		IdemStore	store;
+		int64		moved;
+
+		do
+		{
+			PushActiveSnapshot(GetTransactionSnapshot());
+			idem_store_open(&store, fn_oid, RowExclusiveLock);
+			moved = idem_store_move_batch(&store, IDEM_RECORDS, false, batch);
+			idem_store_close(&store, false);
+			PopActiveSnapshot();
+			SPI_commit();
+		} while (moved > 0);
+	}
+	SPI_finish();
+	PG_RETURN_VOID();
 }

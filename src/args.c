@@ -79,11 +79,17 @@ name_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 void
 idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key)
 {
-	uint64		h;
-
 	key->role = GetUserId();
 	key->operation = name_arg(fcinfo, 0, "operation");
 	key->key = name_arg(fcinfo, 1, "key");
+	idem_key_hash(key);
+}
+
+/* key->hash, which names the key's locks, from the role, operation and key */
+void
+idem_key_hash(IdemKey *key)
+{
+	uint64		h;
 
 	/* unambiguous: a length always precedes the variable parts */
 	h = hash_bytes_uint32_extended(key->role,

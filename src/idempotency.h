@@ -89,6 +89,7 @@ extern void idem_args_init(void);
 extern void idem_check_settings(void);
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name);
 extern void idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key);
+extern void idem_key_hash(IdemKey *key);
 extern int64 idem_token_arg(FunctionCallInfo fcinfo, int argno);
 extern bytea *idem_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
 extern IdemInFlightPolicy idem_policy_arg(FunctionCallInfo fcinfo, int argno);
@@ -211,6 +212,8 @@ extern Oid	idem_store_relid(Oid fn_oid);
 extern Oid	idem_store_result_relid(Oid fn_oid);
 extern Oid	idem_store_table(Oid fn_oid, const char *name);
 extern Oid	idem_store_member(IdemStore *store, const char *name);
+extern int64 idem_store_move_batch(IdemStore *store, int from, bool all,
+								   int64 max_rows);
 extern void idem_store_init(void);
 
 /* ---- fencing tokens (tokens.c) ---- */
@@ -258,6 +261,7 @@ PGDLLEXPORT extern void idem_purge_worker_main(Datum arg);
 /* ---- locks and waiting (locks.c) ---- */
 
 extern void idem_lock_key(const IdemKey *key);
+extern void idem_lock_key_until_commit(const IdemKey *key);
 extern void idem_unlock_key(const IdemKey *key);
 extern void idem_wait_for_xact(TransactionId xid);
 extern int64 idem_session_holder(void);

@@ -87,6 +87,20 @@ idem_lock_key(const IdemKey *key)
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
 }
 
+/*
+ * The key lock, held until the transaction ends: an online durability
+ * switch moves a record between the tables under it, so that no look-up
+ * reads one table before the move commits and the other after.
+ */
+void
+idem_lock_key_until_commit(const IdemKey *key)
+{
+	LOCKTAG		tag;
+
+	key_locktag(&tag, key, IDEM_LOCK_CLASS_KEY);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
 void
 idem_unlock_key(const IdemKey *key)
 {

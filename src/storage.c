@@ -708,7 +708,7 @@ write_begin(IdemStore *store, int table, RecordWrite *w)
 	Relation	heap = store->heap[table];
 	RangeTblEntry *rte = makeNode(RangeTblEntry);
 
-	Assert(store->lockmode == RowExclusiveLock);
+	Assert(store->lockmode >= RowExclusiveLock);
 
 	w->store = store;
 	w->table = table;
@@ -1054,6 +1054,83 @@ idem_store_delete(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 	}
 	write_end(&w);
 	return result;
+}
+
+/*
+ * Move up to max_rows committed records from table "from" to the other
+ * table, for an online durability switch (admin.c): all of them (all), or
+ * those that must survive a crash in mode 'completed' -- completed ones and
+ * claims with a checkpoint.  Each is moved under its key lock, held until
+ * the transaction ends, so a look-up, which holds the key lock while it
+ * reads both tables, sees it in exactly one (with the tables opened in
+ * ACCESS EXCLUSIVE mode, nobody looks, and no key lock is taken).  Records another transaction
+ * is working on are left for a later batch.  Returns how many were moved.
+ */
+int64
+idem_store_move_batch(IdemStore *store, int from, bool all, int64 max_rows)
+{
+	/* under an ACCESS EXCLUSIVE lock nobody looks: no key locks needed */
+	bool		key_locks = store->lockmode != AccessExclusiveLock;
+	int64		max_seen = max_rows > PG_INT64_MAX / 4 ? PG_INT64_MAX : max_rows * 4;
+	int			to = 1 - from;
+	ScanKeyData skey[1];
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	int64		moved = 0;
+	int64		seen = 0;
+
+	need_table(store, from);
+	need_table(store, to);
+	slot = table_slot_create(store->heap[from], NULL);
+	/* every record: role_id > 0 */
+	ScanKeyInit(&skey[0], 1, BTGreaterStrategyNumber, F_OIDGT, ObjectIdGetDatum(InvalidOid));
+	scan = idem_index_beginscan(store->heap[from], store->index[from],
+								GetActiveSnapshot(), 1, 0);
+	index_rescan(scan, skey, 1, NULL, 0);
+
+	while (moved < max_rows && seen < max_seen &&
+		   index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		IdemKey		key;
+		IdemRecord	rec;
+		bool		isnull;
+
+		CHECK_FOR_INTERRUPTS();
+		seen++;
+		key.role = DatumGetObjectId(column(store, from, slot, IDEM_COL_ROLE_ID, &isnull));
+		key.operation = DatumGetTextPCopy(required_column(store, from, slot, IDEM_COL_OPERATION));
+		key.key = DatumGetTextPCopy(required_column(store, from, slot, IDEM_COL_KEY));
+		idem_key_hash(&key);
+
+		if (key_locks)
+			idem_lock_key_until_commit(&key);
+		if (!fetch_in(store, from, &key, &rec) || TransactionIdIsValid(rec.busy_xid) ||
+			rec.mine)
+			continue;
+		if (!all && IdemRecordIsPending(&rec) && rec.checkpoint == NULL)
+			continue;
+		{
+			RecordWrite w;
+			TM_Result	result;
+
+			write_begin(store, from, &w);
+			result = lock_version(store, &rec, &w);
+			if (result == TM_Ok)
+			{
+				ExecSimpleRelationDelete(w.rri, w.estate, &w.epq, w.oldslot);
+				verify_delete(&w, &key, &w.oldslot->tts_tid);
+			}
+			write_end(&w);
+			if (result != TM_Ok)
+				continue;
+			insert_version(store, to, &key, &rec, NULL);
+			moved++;
+		}
+	}
+
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	return moved;
 }
 
 /* An index scan of one role's records in one table */
