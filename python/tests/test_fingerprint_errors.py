@@ -99,7 +99,7 @@ def test_key_reuse_fingerprints_from_the_detail(admin: psycopg.Connection[Any]) 
 def test_errors_from_the_server(admin: psycopg.Connection[Any]) -> None:
     """The real errors of idem_begin / idem_finish, through a coordinator."""
     from psycopg_pool import ConnectionPool
-    with ConnectionPool("", min_size=1, max_size=2) as pool, \
+    with ConnectionPool("", min_size=1, max_size=2, open=True) as pool, \
             idem.Coordinator(pool, in_flight="raise") as coordinator:
         key = "errors-" + str(uuid.uuid4())
         claim = coordinator.begin("op.errors", key, idem.fingerprint(1))

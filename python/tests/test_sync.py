@@ -38,7 +38,7 @@ class Provider:
 
 @pytest.fixture
 def pool() -> Iterator[ConnectionPool]:
-    with ConnectionPool("", min_size=3, max_size=3, timeout=10) as p:
+    with ConnectionPool("", min_size=3, max_size=3, timeout=10, open=True) as p:
         yield p
 
 
