@@ -36,10 +36,14 @@ chroot_dist() {
 # missing_packages is the list for the host), plus the Debian packaging
 # tools for test/package/run.
 chroot_packages() {
-	local v=$1
+	local v=$1 mod python=""
+	# the python suite's packages (test/lib.sh PYTHON_MODULES)
+	for mod in $PYTHON_MODULES; do
+		python+=" ${mod#*:}"
+	done
 	echo "postgresql-$v postgresql-server-dev-$v postgresql-$v-repack" \
 		"make gcc libc6-dev libpq-dev perl libipc-run-perl pgbouncer" \
-		"build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all"
+		"build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all$python"
 }
 
 # chroot_mirror: the Debian archive the host's apt uses (deb822 or one-line

@@ -147,6 +147,11 @@ end_children() {
 
 # ------------------------------------------------------------- packages
 
+# The python suite's modules and their Debian packages (the same names in
+# bookworm, trixie and sid); test/chroot.sh installs them in the chroots.
+PYTHON_MODULES="psycopg:python3-psycopg psycopg_pool:python3-psycopg-pool pytest:python3-pytest
+	pydantic:python3-pydantic fastapi:python3-fastapi uvicorn:python3-uvicorn httpx:python3-httpx"
+
 pkg_installed() {
 	dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null | grep -qx installed
 }
@@ -179,6 +184,11 @@ missing_packages() {
 	if [[ ! -f $PG_SHAREDIR/extension/pg_repack.control || ! -x $PG_BINDIR/pg_repack ]]; then
 		echo postgresql-$PG_MAJOR-repack
 	fi
+	# the python suite: Debian's python3 with these modules ("module:package")
+	local mod
+	for mod in $PYTHON_MODULES; do
+		/usr/bin/python3 -c "import ${mod%%:*}" >/dev/null 2>&1 || echo "${mod#*:}"
+	done
 	# commands a mode needs besides: "command:package" pairs
 	local need
 	for need in ${EXTRA_COMMANDS:-}; do

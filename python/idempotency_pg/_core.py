@@ -1,0 +1,180 @@
+"""What the async and the sync coordinator share: the SQL, the settings, the
+claim's data, and the decorator's argument handling.  Nothing here talks to
+the server."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from .errors import translate
+from .fingerprint import fingerprint
+
+# Every parameter is cast: psycopg sends str as "unknown" and some values in
+# binary, and idem_fingerprint(VARIADIC "any") or an overloaded function
+# would otherwise fail with 42P18 (could not determine data type).
+_BEGIN = ("SELECT c.status, c.token, c.response"
+          "  FROM idem_begin(%(operation)s::text, %(key)s::text, %(fingerprint)s::bytea,"
+          " in_flight => %(in_flight)s::text, lease => %(lease)s::interval,"
+          " ttl => %(ttl)s::interval{extra}) AS c")
+# the response is read back as stored: a replay gets exactly this (jsonb
+# orders keys its own way)
+FINISH_SQL = ("SELECT idem_finish(%(operation)s::text, %(key)s::text, %(token)s::bigint,"
+              " %(response)s::jsonb), %(response)s::jsonb")
+ABORT_SQL = "SELECT idem_abort(%(operation)s::text, %(key)s::text, %(token)s::bigint)"
+CHECKPOINT_SQL = ("SELECT idem_checkpoint(%(operation)s::text, %(key)s::text,"
+                  " %(token)s::bigint, %(state)s::jsonb)")
+# 1.4 or later: idem_checkpoint exists
+HAS_1_4_SQL = "SELECT to_regprocedure('idem_checkpoint(text,text,bigint,jsonb)') IS NOT NULL"
+
+SERIALIZATION_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The idem_begin arguments a coordinator passes with every claim."""
+
+    in_flight: str
+    lease: Optional[timedelta]
+    ttl: Optional[timedelta]
+    takeover: Optional[str]
+    remember: Optional[timedelta]
+
+    def __post_init__(self) -> None:
+        if self.in_flight not in ("wait", "raise"):
+            raise ValueError(f'in_flight must be "wait" or "raise", not {self.in_flight!r}')
+        if self.takeover not in (None, "lease", "session"):
+            raise ValueError(f'takeover must be None, "lease" or "session", not {self.takeover!r}')
+
+    def begin_sql(self) -> str:
+        """idem_begin's statement; the 1.4 arguments only when set, so that a
+        1.3 server serves a coordinator that does not use them."""
+        extra = ""
+        if self.takeover is not None:
+            extra += ", takeover => %(takeover)s::text"
+        if self.remember is not None:
+            extra += ", remember => %(remember)s::interval"
+        return _BEGIN.format(extra=extra)
+
+    def begin_params(self, operation: str, key: str, fp: Optional[bytes]) -> Dict[str, Any]:
+        return {"operation": operation, "key": key, "fingerprint": fp,
+                "in_flight": self.in_flight, "lease": self.lease, "ttl": self.ttl,
+                "takeover": self.takeover, "remember": self.remember}
+
+
+@contextlib.contextmanager
+def db_errors() -> Iterator[None]:
+    """Raise the extension's SQLSTATEs as :class:`IdempotencyError` subclasses."""
+    try:
+        yield
+    except psycopg.Error as err:
+        translated = translate(err)
+        if translated is None:
+            raise
+        raise translated from err
+
+
+class ClaimState:
+    """What idem_begin answered, and what became of the claim since.
+
+    ``status``: ``'new'`` (you hold the key), ``'replay'`` (``response`` is the
+    stored response), ``'recover'`` (1.4: you hold a taken-over key;
+    ``response`` is its last checkpoint's state).  ``token``: the fencing
+    token while you hold the key, else ``None``.
+    """
+
+    def __init__(self, operation: str, key: str, row: Optional[Tuple[Any, Any, Any]] = None) -> None:
+        self.operation = operation
+        self.key = key
+        self.status: Optional[str] = None
+        self.token: Optional[int] = None
+        self.response: Any = None
+        self.finished = False
+        if row is not None:
+            self._set(row)
+
+    def _set(self, row: Tuple[Any, Any, Any]) -> None:
+        self.status, self.token, self.response = row
+
+    def _params(self, **extra: Any) -> Dict[str, Any]:
+        if self.token is None:
+            raise RuntimeError(f"no claim held on key {self.key!r} (status {self.status!r})")
+        return {"operation": self.operation, "key": self.key, "token": self.token, **extra}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.operation!r} {self.key!r} {self.status} token={self.token}>"
+
+
+#: the claim of the innermost decorated call running in this context
+_current: ContextVar[Optional[ClaimState]] = ContextVar("idempotency_pg_current_claim", default=None)
+
+
+def current_claim() -> Any:
+    """The claim of the decorated call running in this context (asyncio task
+    or thread): an :class:`~idempotency_pg.AsyncClaim` or a
+    :class:`~idempotency_pg.Claim`, e.g. for ``await
+    current_claim().checkpoint(state)``; ``None`` outside a decorated call."""
+    return _current.get()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a decorated call returned: ``value``, and ``replayed`` -- true when
+    the value is a stored response and the function did not run in this call."""
+
+    value: Any
+    replayed: bool
+
+
+def to_json(result: Any) -> Jsonb:
+    """A function's result as a jsonb parameter (pydantic models dumped to JSON types)."""
+    if hasattr(result, "model_dump"):          # pydantic 2
+        result = result.model_dump(mode="json")
+    elif hasattr(result, "json") and hasattr(result, "parse_obj"):   # pydantic 1
+        result = json.loads(result.json())
+    return Jsonb(result)
+
+
+def from_json(value: Any, result_type: Optional[type]) -> Any:
+    """A stored response as the caller's result: ``result_type`` (a pydantic
+    model) validated from it, or the JSON value as psycopg loads it."""
+    if result_type is None:
+        return value
+    if hasattr(result_type, "model_validate"):
+        return result_type.model_validate(value)
+    return result_type.parse_obj(value)  # type: ignore[attr-defined]
+
+
+class CallSpec:
+    """How a decorated function's call maps to a key and a fingerprint."""
+
+    def __init__(self, func: Callable[..., Any], fingerprint_params: Sequence[str]) -> None:
+        self.signature = inspect.signature(func)
+        params = self.signature.parameters
+        if "idempotency_key" not in params:
+            raise TypeError(f"{func.__qualname__} must take an idempotency_key= argument")
+        for name in fingerprint_params:
+            if name not in params:
+                raise TypeError(f"fingerprint parameter {name!r} is not a parameter of {func.__qualname__}")
+        self.fingerprint_params = tuple(fingerprint_params)
+
+    def key_and_fingerprint(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Optional[str], bytes]:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        key = bound.arguments["idempotency_key"]
+        if key is None:
+            return None, b""
+        return key, fingerprint(*(bound.arguments[n] for n in self.fingerprint_params))
+
+
+def serialization_retry(err: psycopg.Error, attempt: int) -> bool:
+    """Retry idem_begin after 40001 (README, "Errors and HTTP": the retry replays)?"""
+    return err.sqlstate == "40001" and attempt < SERIALIZATION_RETRIES

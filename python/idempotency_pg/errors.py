@@ -1,0 +1,130 @@
+"""The extension's errors as Python exceptions: one class per SQLSTATE.
+
+Every class derives from :class:`IdempotencyError` and carries the server's
+``sqlstate``, ``detail`` and ``hint``; the psycopg error it was made from is
+its ``__cause__``.  SQLSTATEs not listed here (``40001``, ``57014``,
+``25006``, connection errors, ...) are raised as psycopg raises them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Optional, Type
+
+import psycopg
+
+
+class IdempotencyError(Exception):
+    """An error of the idempotency contract.
+
+    Attributes: ``sqlstate`` (``None`` for errors the package raises itself),
+    ``detail`` and ``hint`` (the server's DETAIL and HINT, or ``None``).
+    """
+
+    sqlstate: Optional[str] = None
+
+    def __init__(self, message: str, *, sqlstate: Optional[str] = None,
+                 detail: Optional[str] = None, hint: Optional[str] = None) -> None:
+        super().__init__(message)
+        if sqlstate is not None:
+            self.sqlstate = sqlstate
+        self.detail = detail
+        self.hint = hint
+
+
+class InProgressError(IdempotencyError):
+    """IK409: another attempt holds the key (``in_flight="raise"``, or this
+    transaction already holds it).  HTTP: 409 Conflict, with ``Retry-After``."""
+
+    sqlstate = "IK409"
+
+
+class KeyReuseError(IdempotencyError):
+    """IK422: the key was used for a request with another fingerprint.  HTTP: 422.
+
+    ``stored_fingerprint`` and ``request_fingerprint`` are the two
+    fingerprints from the DETAIL, in hex without ``\\x`` (``None`` for a NULL
+    fingerprint; one over 64 bytes is cut by the server and ends in ``...``).
+    """
+
+    sqlstate = "IK422"
+
+    def __init__(self, message: str, *, sqlstate: Optional[str] = None,
+                 detail: Optional[str] = None, hint: Optional[str] = None) -> None:
+        super().__init__(message, sqlstate=sqlstate, detail=detail, hint=hint)
+        found = [m.group(1) if m.group(1) is not None else None
+                 for m in _FINGERPRINT.finditer(detail or "")]
+        self.stored_fingerprint: Optional[str] = found[0] if len(found) == 2 else None
+        self.request_fingerprint: Optional[str] = found[1] if len(found) == 2 else None
+
+
+# "Stored fingerprint: \xab12. Request fingerprint: NULL." (a fingerprint
+# over 64 bytes: "\xab12...... (100 bytes)")
+_FINGERPRINT = re.compile(r"\\x([0-9a-f]*(?:\.\.\.)?)|NULL")
+
+
+class ResponseExpiredError(IdempotencyError):
+    """IK410 (extension 1.4): the key completed, but its stored response is
+    past its ttl (the key is still remembered, within ``remember``): it must
+    not run again and there is nothing to replay.  HTTP: 410 Gone."""
+
+    sqlstate = "IK410"
+
+
+class LostClaimError(IdempotencyError):
+    """IK412: the token no longer holds the key (the lease lapsed and another
+    attempt took it over, or it was finished or aborted).  HTTP: 500."""
+
+    sqlstate = "IK412"
+
+
+class InvalidRequestError(IdempotencyError):
+    """22023 (invalid argument: empty or over-long key or operation, bad
+    lease or ttl, ...) or 22004 (NULL where a value is required).  HTTP: 400."""
+
+    sqlstate = "22023"
+
+
+class ResponseTooLargeError(IdempotencyError):
+    """54000: the response is larger than ``idempotency.max_response_size``.
+    HTTP: 500; store a reference instead."""
+
+    sqlstate = "54000"
+
+
+class RecoveryNeededError(IdempotencyError):
+    """Raised by a decorated call that took over a claim with a checkpoint
+    (status ``'recover'``, extension 1.4) when no ``recover=`` callback was
+    given.  The claim is left pending, not aborted, so its checkpoint is kept:
+    ``token`` holds the key until its lease lapses, ``state`` is the last
+    checkpoint's state.  HTTP: 500."""
+
+    def __init__(self, operation: str, key: str, token: int, state: object) -> None:
+        super().__init__(f"idempotency key {key!r} of {operation!r} was taken over with a "
+                         "checkpoint, and no recover= callback was given")
+        self.operation = operation
+        self.key = key
+        self.token = token
+        self.state = state
+
+
+_BY_SQLSTATE: Dict[str, Type[IdempotencyError]] = {
+    "IK409": InProgressError,
+    "IK410": ResponseExpiredError,
+    "IK412": LostClaimError,
+    "IK422": KeyReuseError,
+    "22023": InvalidRequestError,
+    "22004": InvalidRequestError,
+    "54000": ResponseTooLargeError,
+}
+
+
+def translate(err: psycopg.Error) -> Optional[IdempotencyError]:
+    """The :class:`IdempotencyError` for a psycopg error of the extension,
+    or ``None`` for another SQLSTATE.  Raise it ``from err``."""
+    cls = _BY_SQLSTATE.get(err.sqlstate or "")
+    if cls is None:
+        return None
+    diag = err.diag
+    return cls(diag.message_primary or str(err), sqlstate=err.sqlstate,
+               detail=diag.message_detail, hint=diag.message_hint)

@@ -1,0 +1,90 @@
+"""Fixtures for the idempotency_pg tests.
+
+The server is the one the libpq environment names (PGHOST, PGPORT, PGUSER,
+PGDATABASE): a database where ``CREATE EXTENSION idempotency`` has been run,
+as test/python/run prepares.  The tests start no server of their own.  The
+async tests run their coroutines with asyncio.run (no pytest plugin needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, Callable, Coroutine, Iterator, TypeVar
+
+import psycopg
+import pytest
+
+T = TypeVar("T")
+
+#: how long a test waits for a condition before it fails
+DEADLINE_S = 10.0
+
+
+def arun(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to its end in a new event loop."""
+    return asyncio.run(coro)
+
+
+def new_key(label: str) -> str:
+    return f"{label}-{uuid.uuid4()}"
+
+
+@pytest.fixture(scope="session")
+def admin() -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection for looking at the server from outside."""
+    with psycopg.connect("", autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'"
+                            ).fetchone() == (1,), "the test database lacks the idempotency extension"
+        yield conn
+
+
+@pytest.fixture(scope="session")
+def has_1_4(admin: psycopg.Connection[Any]) -> bool:
+    """Does the server's extension have the 1.4 API (idem_checkpoint)?"""
+    row = admin.execute(
+        "SELECT to_regprocedure('idem_checkpoint(text,text,bigint,jsonb)') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
+@pytest.fixture
+def needs_1_4(has_1_4: bool) -> None:
+    if not has_1_4:
+        pytest.skip("the server's extension has no idem_checkpoint (version 1.4 API)")
+
+
+def waiting_claims(admin: psycopg.Connection[Any]) -> int:
+    """How many backends of this database wait inside idem_begin: on the
+    latch a finish sets, or on the lock of an uncommitted claim."""
+    row = admin.execute(
+        """SELECT count(*) FROM pg_stat_activity
+            WHERE datname = current_database() AND pid <> pg_backend_pid()
+              AND state = 'active' AND query LIKE '%%idem_begin%%'
+              AND wait_event_type IN ('Extension', 'Lock')""").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wait_for(what: str, condition: Callable[[], bool]) -> None:
+    """Poll ``condition`` until it holds; fail after DEADLINE_S."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for: {what}")
+        time.sleep(0.005)
+
+
+async def await_for(what: str, condition: Callable[[], bool]) -> None:
+    """:func:`wait_for` for a coroutine: the event loop keeps running."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for: {what}")
+        await asyncio.sleep(0.005)
+
+
+def record_state(admin: psycopg.Connection[Any], operation: str, key: str) -> Any:
+    """idem_inspect's state of the key's record (None: no record)."""
+    row = admin.execute("SELECT state FROM idem_inspect(%s::text, %s::text)", (operation, key)).fetchone()
+    return row[0] if row else None
