@@ -179,6 +179,11 @@ missing_packages() {
 	if [[ ! -f $PG_SHAREDIR/extension/pg_repack.control || ! -x $PG_BINDIR/pg_repack ]]; then
 		echo postgresql-$PG_MAJOR-repack
 	fi
+	# the monitoring TAP test (460) runs Debian's Prometheus exporter and
+	# scrapes it with curl (bookworm ships the exporter 0.11, trixie and sid
+	# 0.17: both read monitoring/queries.yaml)
+	[[ -x /usr/bin/prometheus-postgres-exporter ]] || echo prometheus-postgres-exporter
+	command -v curl >/dev/null 2>&1 || echo curl
 	# commands a mode needs besides: "command:package" pairs
 	local need
 	for need in ${EXTRA_COMMANDS:-}; do
