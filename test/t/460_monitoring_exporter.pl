@@ -179,7 +179,8 @@ while (time < $deadline)
 }
 ok($metrics =~ /^idempotency_claims_total/m, "the exporter serves our metrics at $url")
   or diag("curl: $curl_err\nexporter log:\n" . slurp_file($exporter_log) . "\nmetrics:\n$metrics");
-note("exporter: " . (slurp_file($exporter_log) =~ /version[=, ]+([\d.]+)/ ? $1 : '?'));
+note('exporter: ' . (join '', run_command([ $exporter, '--version' ])) =~ s/\n.*//sr);
+note("scraped:\n" . join("\n", grep { /^idempotency_/ } split /\n/, $metrics));
 
 # name{labels} -> value, without the label the exporter adds itself
 # ("server", in older versions), for every idempotency_ sample

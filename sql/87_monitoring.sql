@@ -1,5 +1,5 @@
 --
--- 75_monitoring: what a monitoring role may read (1.4).  A member of
+-- 87_monitoring: what a monitoring role may read (1.4).  A member of
 -- pg_monitor, and nothing else, sees every role's records counted by role,
 -- operation and state in the view idem_monitor, and may call
 -- idem_monitor_counters(); it cannot read a key or a response, and cannot
