@@ -160,6 +160,8 @@ my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $url = "http://127.0.0.1:$port/metrics";
 my $exporter_log = $node->basedir . '/exporter.log';
 my $h;
+# the exporter goes with the test, however the test ends
+END { $h->kill_kill if defined $h && $h->pumpable; }
 {
 	local $ENV{DATA_SOURCE_NAME} = 'host=' . $node->host . ' port=' . $node->port
 	  . ' user=exporter dbname=postgres sslmode=disable';
@@ -255,6 +257,5 @@ my ($rc, $stdout, $stderr) = $node->psql('postgres',
 	extra_params => [ '-U', 'exporter' ]);
 like($stderr, qr/permission denied for table idem_re/, 'the exporter role cannot read the record tables');
 
-$h->kill_kill;
 $node->stop;
 done_testing();
