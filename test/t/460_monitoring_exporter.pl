@@ -160,8 +160,13 @@ my $port = PostgreSQL::Test::Cluster::get_free_port();
 my $url = "http://127.0.0.1:$port/metrics";
 my $exporter_log = $node->basedir . '/exporter.log';
 my $h;
-# the exporter goes with the test, however the test ends
-END { $h->kill_kill if defined $h && $h->pumpable; }
+# the exporter goes with the test, however the test ends (reaping it must
+# not set the test's exit status)
+END
+{
+	local $?;
+	$h->kill_kill if defined $h && $h->pumpable;
+}
 {
 	local $ENV{DATA_SOURCE_NAME} = 'host=' . $node->host . ' port=' . $node->port
 	  . ' user=exporter dbname=postgres sslmode=disable';
