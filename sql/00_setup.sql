@@ -22,7 +22,8 @@ SELECT extname, extversion, extrelocatable
 -- SECURITY DEFINER: the core functions must see the caller as
 -- current_user, which is the namespace of the records.  (1.1 adds
 -- idem_renew, idem_inspect and the statistics functions; of those only
--- idem_stats_reset is withheld from PUBLIC.)
+-- idem_stats_reset is withheld from PUBLIC.  1.4 adds
+-- idem_monitor_counters, granted to pg_monitor only: 87_monitoring.)
 SELECT p.oid::regprocedure AS function,
        p.prorettype::regtype AS returns,
        p.prosecdef AS security_definer,

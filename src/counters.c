@@ -2,8 +2,10 @@
  *
  * counters.c
  *	  Server-wide counters of what the idem_* functions did, in shared
- *	  memory: idem_count() adds to them, idem_counters() reads them and
- *	  idem_stats_reset() starts them over.
+ *	  memory: idem_count() adds to them, idem_counters() (one row, the
+ *	  counters of version 1.1) and idem_monitor_counters() (a row per
+ *	  counter, for monitoring) read them, and idem_stats_reset() starts
+ *	  them over.
  *
  * The counters exist only when the library is in shared_preload_libraries
  * (shared memory can be reserved only at server start).  Without it the
@@ -21,19 +23,62 @@
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "utils/builtins.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
 
 PG_FUNCTION_INFO_V1(idem_counters);
+PG_FUNCTION_INFO_V1(idem_monitor_counters);
 PG_FUNCTION_INFO_V1(idem_stats_reset);
 
 /*
- * idem_counters(): a column per counter, then stats_reset.  Before version
- * 1.4 the SQL function has the counters up to purged only.
+ * Each counter's name in idem_monitor_counters(), and the factor from the
+ * unit it is kept in to the base unit shown there (seconds).  A new counter
+ * is its line in IdemCounter and its line here, nothing else: the build
+ * fails when a counter at the end of IdemCounter has no line here.
  */
+typedef struct CounterDef
+{
+	const char *name;
+	double		scale;
+} CounterDef;
+
+static const CounterDef counter_defs[] = {
+	[IDEM_COUNT_CLAIMS] = {"claims", 1},
+	[IDEM_COUNT_REPLAYS] = {"replays", 1},
+	[IDEM_COUNT_WAITS] = {"waits", 1},
+	[IDEM_COUNT_WAIT_TIME] = {"wait_seconds", 1e-6},
+	[IDEM_COUNT_IN_PROGRESS] = {"in_progress_refusals", 1},
+	[IDEM_COUNT_KEY_REUSE] = {"key_reuse_refusals", 1},
+	[IDEM_COUNT_TAKEOVERS] = {"takeovers", 1},
+	[IDEM_COUNT_FENCED] = {"fencing_refusals", 1},
+	[IDEM_COUNT_ABORTS] = {"aborts", 1},
+	[IDEM_COUNT_PURGED] = {"purged", 1},
+	[IDEM_COUNT_RECOVERIES] = {"recoveries", 1},
+	[IDEM_COUNT_EXPIRED] = {"expired_refusals", 1},
+};
+
+StaticAssertDecl(lengthof(counter_defs) == IDEM_NUM_COUNTERS,
+				 "every IdemCounter needs its line in counter_defs");
+
+/*
+ * idem_counters() of versions 1.1 to 1.3 has these columns, in this order,
+ * then stats_reset; from version 1.4 it has every counter, in IdemCounter's
+ * order, then stats_reset.
+ */
+static const IdemCounter counters_v11[] = {
+	IDEM_COUNT_CLAIMS, IDEM_COUNT_REPLAYS, IDEM_COUNT_WAITS,
+	IDEM_COUNT_WAIT_TIME, IDEM_COUNT_IN_PROGRESS, IDEM_COUNT_KEY_REUSE,
+	IDEM_COUNT_TAKEOVERS, IDEM_COUNT_FENCED, IDEM_COUNT_ABORTS,
+	IDEM_COUNT_PURGED
+};
+
 #define COUNTERS_COLS	(IDEM_NUM_COUNTERS + 1)
-#define COUNTERS_COLS_1_1	(IDEM_COUNT_PURGED + 2)
+#define COUNTERS_COLS_1_1	(lengthof(counters_v11) + 1)
+
+/* idem_monitor_counters(): counter, value */
+#define MONITOR_COUNTERS_COLS	2
 
 
 typedef struct IdemSharedCounters
@@ -123,13 +168,14 @@ idem_counters(PG_FUNCTION_ARGS)
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "idempotency: return type must be a row type");
 	if (tupdesc->natts != COUNTERS_COLS && tupdesc->natts != COUNTERS_COLS_1_1)
-		elog(ERROR, "idempotency: idem_counters() must return %d columns", COUNTERS_COLS);
+		elog(ERROR, "idempotency: idem_counters() must return %d columns", (int) COUNTERS_COLS);
 
 	for (int i = 0; i < tupdesc->natts - 1; i++)
 	{
-		uint64		v = pg_atomic_read_u64(&counters->value[i]);
+		IdemCounter c = tupdesc->natts == COUNTERS_COLS ? (IdemCounter) i : counters_v11[i];
+		uint64		v = pg_atomic_read_u64(&counters->value[c]);
 
-		if (i == IDEM_COUNT_WAIT_TIME)
+		if (c == IDEM_COUNT_WAIT_TIME)
 			values[i] = Float8GetDatum((double) v / 1000.0);	/* ms */
 		else
 			values[i] = Int64GetDatum((int64) v);
@@ -139,6 +185,37 @@ idem_counters(PG_FUNCTION_ARGS)
 
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
 													  values, nulls)));
+}
+
+/*
+ * idem_monitor_counters(): a row per counter, in base units, for a
+ * monitoring system; every counter there is, so that one added in a later
+ * version shows without a change to the SQL definition.
+ */
+Datum
+idem_monitor_counters(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	require_counters();
+	InitMaterializedSRF(fcinfo, 0);
+	Assert(rsinfo->setDesc->natts == MONITOR_COUNTERS_COLS);
+
+	for (int i = 0; i < IDEM_NUM_COUNTERS; i++)
+	{
+		Datum		values[MONITOR_COUNTERS_COLS];
+		bool		nulls[MONITOR_COUNTERS_COLS] = {0};
+		uint64		v = pg_atomic_read_u64(&counters->value[i]);
+
+		/* a counter inserted in the middle of IdemCounter without its line */
+		if (counter_defs[i].name == NULL)
+			elog(ERROR, "idempotency: counter %d has no name", i);
+		values[0] = CStringGetTextDatum(counter_defs[i].name);
+		values[1] = Float8GetDatum((double) v * counter_defs[i].scale);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+
+	return (Datum) 0;
 }
 
 Datum

@@ -189,6 +189,11 @@ missing_packages() {
 	for mod in $PYTHON_MODULES; do
 		/usr/bin/python3 -c "import ${mod%%:*}" >/dev/null 2>&1 || echo "${mod#*:}"
 	done
+	# the monitoring TAP test (540) runs Debian's Prometheus exporter and
+	# scrapes it with curl (bookworm ships the exporter 0.11, trixie and sid
+	# 0.17: both read monitoring/queries.yaml)
+	[[ -x /usr/bin/prometheus-postgres-exporter ]] || echo prometheus-postgres-exporter
+	command -v curl >/dev/null 2>&1 || echo curl
 	# commands a mode needs besides: "command:package" pairs
 	local need
 	for need in ${EXTRA_COMMANDS:-}; do
