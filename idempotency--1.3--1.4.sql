@@ -207,6 +207,7 @@ AS 'MODULE_PATHNAME', 'idem_set_durability_online'
 LANGUAGE C;
 REVOKE ALL ON PROCEDURE @extschema@.idem_set_durability_online(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;
 
+/*
  * Monitoring (README, "Monitoring"): what a member of pg_monitor may read,
  * and nothing else -- no key, no fingerprint, no response, no write.
  *
