@@ -54,6 +54,7 @@
 #include "nodes/execnodes.h"
 #include "nodes/makefuncs.h"
 #include "rewrite/rewriteHandler.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
@@ -577,38 +578,56 @@ fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord *rec)
 
 /*
  * A look-up that another call's write may race with: the first, lock-free
- * look of idem_begin, looking first where a completed record most likely
- * is, so that a replay descends one index.  It may miss a record that a
- * finish moves from idem_record to idem_result between the two reads (the
- * finish of a claim made in its own transaction takes no key lock); the
- * caller then looks again with idem_store_fetch, under the key lock.
+ * look of idem_begin, in the one table where a completed record most
+ * likely is, so that a replay descends one index.  It may miss a record:
+ * one in the other table, or one a finish moves from idem_record to
+ * idem_result meanwhile (the finish of a claim made in its own transaction
+ * takes no key lock); the caller then looks again with idem_store_fetch,
+ * under the key lock.
  */
 bool
 idem_store_peek(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 {
-	int			first = store->split ? IDEM_RESULTS : IDEM_RECORDS;
+	return fetch_in(store, store->split ? IDEM_RESULTS : IDEM_RECORDS, key, rec);
+}
 
-	if (fetch_in(store, first, key, rec))
+/*
+ * Can idem_result hold a record?  In mode 'completed' it is where they
+ * go.  In the other modes the functions do not write it, and it holds
+ * records only after a mode switch or a restore put some there: a table
+ * that never had a row has no blocks, which costs one look at its size
+ * instead of an index descent.
+ */
+static bool
+results_possible(IdemStore *store)
+{
+	if (store->ntables < 2)
+		return false;
+	if (store->split)
 		return true;
-	return store->ntables == 2 && fetch_in(store, 1 - first, key, rec);
+	need_table(store, IDEM_RESULTS);
+	return store->heap[IDEM_RESULTS] != NULL &&
+		RelationGetNumberOfBlocks(store->heap[IDEM_RESULTS]) > 0;
 }
 
 /*
  * The look-up that decides: idem_record first.  Records move only from
- * idem_record to idem_result while calls run (a finish in mode
- * 'completed', a checkpoint), deleting and inserting in one transaction:
- * a record missed in idem_record because that transaction committed after
- * this look's read of idem_result would be found there now, and one that
- * is still being moved is found in idem_record, marked by the mover, whom
- * the caller waits for.  So a record that exists is found in exactly one
- * of the two places, in every interleaving.
+ * idem_record to idem_result while calls run without key locks (a finish
+ * in mode 'completed', a checkpoint), deleting and inserting in one
+ * transaction: a record missed in idem_record because that transaction
+ * committed after this look's read of idem_result would be found there
+ * now, and one that is still being moved is found in idem_record, marked
+ * by the mover, whom the caller waits for.  (An online mode switch moves
+ * records both ways, each under its key lock, which the caller holds.)
+ * So a record that exists is found in exactly one of the two places, in
+ * every interleaving.
  */
 bool
 idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 {
 	if (fetch_in(store, IDEM_RECORDS, key, rec))
 		return true;
-	return store->ntables == 2 && fetch_in(store, IDEM_RESULTS, key, rec);
+	return results_possible(store) && fetch_in(store, IDEM_RESULTS, key, rec);
 }
 
 /*
