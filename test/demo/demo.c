@@ -46,19 +46,23 @@
 #define DEMO_DB			"idem_demo"
 #define RETRY_AFTER_MS	50		/* the client retries 50 ms after its request */
 #define PROVIDER_TIMEOUT "1s"	/* how long a client waits for the provider */
-#define SHORT_LEASE		"2 s"	/* row 8 only: idempotency.lease is 30 s */
+#define SHORT_LEASE		"2 s"	/* rows 8-10: idempotency.lease is 30 s */
 #define SHORT_LEASE_MS	2000
 #define MAX_CLIENTS		2		/* per run_clients() call */
 #define MAX_HISTORY		8		/* per scenario */
+#define DIE_AFTER_MS	150		/* rows 9-10: into the provider's 300 ms */
 
 /*
- * The database side of the stage.  The provider ignores the idempotency key
- * it is given: a real provider should deduplicate on it too (README, "Using
- * it from your application": "call the provider, passing the key on"); this
- * one does not, so that the layer under test is all that stands between a
- * retry and a second charge.  Charge ids
- * are gapless (a counter row, rolled back with a failed transaction), so the
- * first charge of every scenario is ch_1.
+ * The database side of the stage.  The provider records the idempotency key
+ * it is given with each charge, and answers charge_of(key): the charge made
+ * with that key, waiting for a charge with that key still in progress, as a
+ * real provider's "retrieve by idempotency key" does.  It does not refuse a
+ * second charge with the same key: a real provider should (README, "From
+ * an application": "call the provider, passing the key on"), but this one
+ * does not, so that the layer under test is all that stands between a
+ * retry and a second charge.  Charge ids are gapless (a counter row, rolled
+ * back with a failed transaction), so the first charge of every scenario is
+ * ch_1.
  */
 static const char *const setup_sql =
 "CREATE EXTENSION idempotency;\n"
@@ -76,11 +80,19 @@ static const char *const setup_sql =
 "DECLARE\n"
 "    charge_id text;\n"
 "BEGIN\n"
+"    PERFORM pg_advisory_xact_lock(hashtext(idem_key));\n"
 "    PERFORM pg_sleep_for(takes);\n"
 "    UPDATE provider.last_charge SET n = n + 1 RETURNING 'ch_' || n INTO charge_id;\n"
 "    INSERT INTO provider.charges (id, idem_key, amount)\n"
 "         VALUES (charge_id, idem_key, amount);\n"
 "    RETURN charge_id;\n"
+"END $$;\n"
+"CREATE FUNCTION provider.charge_of(idem_key text) RETURNS text\n"
+"LANGUAGE plpgsql AS $$\n"
+"BEGIN\n"
+"    PERFORM pg_advisory_xact_lock(hashtext(idem_key));\n"
+"    RETURN (SELECT id FROM provider.charges c WHERE c.idem_key = charge_of.idem_key\n"
+"             ORDER BY charged_at LIMIT 1);\n"
 "END $$;\n"
 "-- the usual first implementation, for contrast: a result cache\n"
 "CREATE TABLE result_cache (idem_key text PRIMARY KEY, response jsonb NOT NULL);\n";
@@ -104,6 +116,7 @@ typedef enum Fault
 	NO_FAULT,
 	PROVIDER_HANGS,				/* the provider does not answer in time */
 	DIE_AFTER_CLAIM,			/* the worker is killed once it holds the key */
+	DIE_MID_CHARGE,				/* ... while the provider is charging */
 	DIE_BEFORE_COMMIT			/* the client is killed just before COMMIT */
 } Fault;
 
@@ -116,6 +129,9 @@ typedef struct Request
 	Shape		shape;
 	const char *in_flight;		/* 'wait' or 'raise'; NULL: the setting */
 	const char *lease;			/* NULL: idempotency.lease (30 s) */
+	const char *takeover;		/* 'lease' or 'session'; NULL: the setting */
+	const char *remember;		/* NULL: idempotency.remember (off) */
+	bool		checkpoint;		/* record "provider called with key" first */
 	int			send_at_ms;		/* after the scenario starts */
 	bool		retry;			/* and not before the first request's claim */
 	Fault		fault;
@@ -134,6 +150,7 @@ typedef struct Response
 	char		shown[24];		/* the response in the table */
 	long long	token;			/* the claim's token, 0 if it got none */
 	bool		released;		/* idem_abort returned true */
+	bool		recovered;		/* idem_begin said 'recover' */
 	char		provider_charge[16];	/* what the provider answered */
 	double		sent_ms;		/* times since the scenario started */
 	double		claimed_ms;		/* idem_begin (or the cache look-up) returned */
@@ -172,6 +189,7 @@ static const struct
 	{"22004", 400},				/* a required value is NULL */
 	{"54000", 500},				/* response too large: store a reference */
 	{"40001", 503},				/* serialization failure: retry */
+	{"IK410", 410},				/* done, its response expired: do not retry */
 };
 
 static void
@@ -221,6 +239,14 @@ call_provider(PGconn *conn, const Request *req, char *charge_id, Response *resp)
 	bool		charged;
 
 	snprintf(amount, sizeof(amount), "%d", req->amount);
+	if (req->fault == DIE_MID_CHARGE)
+	{
+		/* the request reaches the provider, the worker dies meanwhile */
+		if (PQsendQueryParams(conn, "SELECT provider.charge($1, $2::int, $3::interval)",
+							  3, NULL, params, NULL, NULL, 0))
+			usleep(DIE_AFTER_MS * 1000);
+		die_if(req, DIE_MID_CHARGE, resp);
+	}
 	res = PQexecParams(conn, "SELECT provider.charge($1, $2::int, $3::interval)",
 					   3, NULL, params, NULL, NULL, 0);
 	charged = ok(res);
@@ -240,11 +266,25 @@ call_provider(PGconn *conn, const Request *req, char *charge_id, Response *resp)
 	return charged;
 }
 
-/* Reserve the key (or replay, or wait, or fail: see error_map) */
+/*
+ * Reserve the key (or replay, or wait, or fail: see error_map).  A
+ * 'recover' means this request took over a claim whose worker died after
+ * its checkpoint: response is that checkpoint.
+ */
 static const char *const claim_sql =
-"SELECT status, token, response->>'charge'"
+"SELECT status, token, coalesce(response->>'charge', response->>'provider_key')"
 "  FROM idem_begin('payment.charge', $1, idem_fingerprint($2::text, $3::int),"
-"                  in_flight => $4, lease => $5::interval)";
+"                  in_flight => $4, lease => $5::interval,"
+"                  takeover => $6, remember => $7::interval)";
+
+/* "the provider is being called with this key", before calling it */
+static const char *const checkpoint_sql =
+"SELECT idem_checkpoint('payment.charge', $1, $2::bigint,"
+"                       jsonb_build_object('provider_key', $1::text))";
+
+/* the charge the provider made with this key, if any */
+static const char *const charge_of_sql =
+"SELECT provider.charge_of($1)";
 
 static const char *const finish_sql =
 "SELECT idem_finish('payment.charge', $1, $2::bigint,"
@@ -266,14 +306,16 @@ charge_external(Client *c, const Request *req, Response *resp)
 	char		amount[16];
 	char		token[24];
 	char		charge_id[16];
-	const char *claim[5] = {req->key, req->order, amount, req->in_flight, req->lease};
+	const char *claim[7] = {req->key, req->order, amount, req->in_flight, req->lease,
+	req->takeover, req->remember};
 	const char *settle[3] = {req->key, token, charge_id};
 	PGresult   *res;
+	bool		recover;
 
 	snprintf(amount, sizeof(amount), "%d", req->amount);
 
 	/* 1. reserve the key (autocommit: the claim commits at once) */
-	res = PQexecParams(c->db, claim_sql, 5, NULL, claim, NULL, NULL, 0);
+	res = PQexecParams(c->db, claim_sql, 7, NULL, claim, NULL, NULL, 0);
 	resp->claimed_ms = since_start();
 	if (!ok(res))
 	{
@@ -289,12 +331,33 @@ charge_external(Client *c, const Request *req, Response *resp)
 	}
 	snprintf(token, sizeof(token), "%s", PQgetvalue(res, 0, 1));
 	resp->token = strtoll(token, NULL, 10);
+	recover = strcmp(PQgetvalue(res, 0, 0), "recover") == 0;
 	PQclear(res);
 
 	die_if(req, DIE_AFTER_CLAIM, resp);
 
-	/* 2. the action, passing the key on */
-	if (!call_provider(c->provider, req, charge_id, resp))
+	/*
+	 * 2a. 'recover': the worker before us died after calling the provider
+	 * with this key.  Ask the provider what that call did; if it charged,
+	 * that charge is the answer.
+	 */
+	charge_id[0] = '\0';
+	if (recover)
+	{
+		resp->recovered = true;
+		res = PQexecParams(c->provider, charge_of_sql, 1, NULL, &req->key, NULL, NULL, 0);
+		if (ok(res) && !PQgetisnull(res, 0, 0))
+			snprintf(charge_id, sizeof(charge_id), "%s", PQgetvalue(res, 0, 0));
+		PQclear(res);
+	}
+	else if (req->checkpoint)
+	{
+		res = PQexecParams(c->db, checkpoint_sql, 2, NULL, settle, NULL, NULL, 0);
+		PQclear(res);
+	}
+
+	/* 2b. the action, passing the key on */
+	if (!charge_id[0] && !call_provider(c->provider, req, charge_id, resp))
 	{
 		/* 3a. errors are not cached: release the key for a retry */
 		res = PQexecParams(c->db, abort_sql, 2, NULL, settle, NULL, NULL, 0);
@@ -324,7 +387,8 @@ charge_in_transaction(Client *c, const Request *req, Response *resp)
 	char		amount[16];
 	char		token[24];
 	char		charge_id[16];
-	const char *claim[5] = {req->key, req->order, amount, req->in_flight, req->lease};
+	const char *claim[7] = {req->key, req->order, amount, req->in_flight, req->lease,
+	req->takeover, req->remember};
 	const char *settle[3] = {req->key, token, charge_id};
 	PGresult   *res;
 
@@ -332,7 +396,7 @@ charge_in_transaction(Client *c, const Request *req, Response *resp)
 	PQclear(PQexec(c->db, "BEGIN"));
 
 	/* 1. reserve the key, in this transaction */
-	res = PQexecParams(c->db, claim_sql, 5, NULL, claim, NULL, NULL, 0);
+	res = PQexecParams(c->db, claim_sql, 7, NULL, claim, NULL, NULL, 0);
 	resp->claimed_ms = since_start();
 	if (!ok(res))
 		respond_error(resp, res);	/* IK409 in progress, IK422 key reused */
@@ -911,6 +975,86 @@ worker_dies_after_claim(char *observed, size_t size)
 		is(ch, "ch_1");
 }
 
+/* Rows 9 and 10: A is killed 150 ms into the provider's 300 ms charge */
+static bool
+killed_mid_charge(const char *key, bool session, Response *r, char *ch, size_t chsize)
+{
+	Request		req[2] = {request(key), retry_of(request(key))};
+
+	req[0].lease = req[1].lease = SHORT_LEASE;
+	if (session)
+	{
+		req[0].takeover = req[1].takeover = "session";
+		req[0].checkpoint = req[1].checkpoint = true;
+	}
+	req[0].fault = DIE_MID_CHARGE;
+	run_clients(req, 2, r);
+	charges(ch, chsize);
+	return r[0].killed;
+}
+
+static bool
+lease_worker_killed_mid_charge(char *observed, size_t size)
+{
+	Response	r[2];
+	char		ch[64];
+	bool		killed = killed_mid_charge("key-9", false, r, ch, sizeof(ch));
+
+	snprintf(observed, size,
+			 "responses %s, %s; charges %s. A was killed %d ms into the charge; "
+			 "B waited %.2f s for A's %s lease, took the key with 'new' and "
+			 "charged again",
+			 r[0].shown, r[1].shown, ch, DIE_AFTER_MS,
+			 (r[1].claimed_ms - r[1].sent_ms) / 1e3, SHORT_LEASE);
+	return killed && is(r[1].charge, "ch_2") && r[1].http == 201 &&
+		r[1].claimed_ms - r[0].sent_ms >= SHORT_LEASE_MS &&
+		is(ch, "ch_1, ch_2");
+}
+
+static bool
+session_worker_killed_mid_charge(char *observed, size_t size)
+{
+	Response	r[2];
+	char		ch[64];
+	bool		killed = killed_mid_charge("key-10", true, r, ch, sizeof(ch));
+	double		recovered_after = r[1].claimed_ms - r[0].died_ms;
+
+	snprintf(observed, size,
+			 "responses %s, %s; charges %s. A checkpointed, called the provider "
+			 "and was killed %d ms into the charge; B got 'recover' %.0f ms after "
+			 "A died (not after the lease), asked the provider for key-10's "
+			 "charge and answered %s",
+			 r[0].shown, r[1].shown, ch, DIE_AFTER_MS, recovered_after,
+			 r[1].charge[0] ? r[1].charge : "nothing");
+	return killed && r[1].recovered && is(r[1].charge, "ch_1") &&
+		recovered_after >= 0 && recovered_after < 1000 &&
+		is(ch, "ch_1");
+}
+
+static bool
+retry_after_ttl(char *observed, size_t size)
+{
+	Request		first = request("key-11");
+	Request		retry = request("key-11");
+	Response	r[2];
+	char		ch[64];
+
+	first.remember = retry.remember = "30 days";
+	run_clients(&first, 1, &r[0]);
+	/* the stage moves the record past its ttl (at least a minute) */
+	run_sql("UPDATE idem_result SET expires_at = now() - interval '1 s'"
+			" WHERE key = 'key-11';"
+			"UPDATE idem_record SET expires_at = now() - interval '1 s'"
+			" WHERE key = 'key-11' AND completed_at IS NOT NULL");
+	run_clients(&retry, 1, &r[1]);
+	charges(ch, sizeof(ch));
+	snprintf(observed, size, "responses %s, %s (HTTP %d); charges %s",
+			 r[0].shown, r[1].shown, r[1].http, ch);
+	return is(r[0].charge, "ch_1") &&
+		is(r[1].sqlstate, "IK410") && r[1].http == 410 &&
+		is(ch, "ch_1");
+}
+
 static const struct
 {
 	const char *scenario;
@@ -943,6 +1087,19 @@ static const struct
 		"the retry waits out the lease, takes over, charges once; "
 		"the dead worker's late idem_finish is refused (IK412)",
 	worker_dies_after_claim},
+	{"9. external call, takeover => 'lease': the worker is killed mid-charge",
+		"the retry waits out the lease and charges again: charges ch_1, ch_2 "
+		"(unless the provider refuses a second charge with the key)",
+	lease_worker_killed_mid_charge},
+	{"10. external call, takeover => 'session' and a checkpoint: the worker is "
+		"killed mid-charge",
+		"the retry gets 'recover' at once, asks the provider by key and answers "
+		"ch_1; charges ch_1",
+	session_worker_killed_mid_charge},
+	{"11. a retry after the ttl, remember => '30 days' (the stage moves the "
+		"ttl into the past)",
+		"IK410 (HTTP 410): done, its response expired; charges ch_1",
+	retry_after_ttl},
 };
 
 /* ---- the table ---- */
@@ -1107,7 +1264,7 @@ main(void)
 	}
 
 	PQfinish(admin);
-	printf("Row 8 gives its claims a %s lease so that the demo is quick; the default\n"
+	printf("Rows 8-10 give their claims a %s lease so that the demo is quick; the default\n"
 		   "(idempotency.lease) is 30 s.\n", SHORT_LEASE);
 	if (deviated)
 	{
