@@ -392,15 +392,21 @@ idem_set_logged(PG_FUNCTION_ARGS)
 /* ---- restoring a dump (version 1.4) ---- */
 
 static void
-restore_mode(Oid fn_oid, IdemDurability mode)
+switch_to(Oid fn_oid, IdemDurability mode)
 {
-	/* the row being inserted replaces the one CREATE EXTENSION wrote */
-	run_sql(psprintf("DELETE FROM %s",
-					 qualified_name(idem_store_table(fn_oid, "idem_mode"))),
-			0, NULL, NULL, SPI_OK_DELETE);
 	if (current_durability(idem_store_relid(fn_oid),
 						   idem_store_result_relid(fn_oid)) != mode)
 		switch_tables(fn_oid, mode);
+}
+
+/* An inserted row replaces any other: the table has at most one */
+static void
+restore_mode(Oid fn_oid, IdemDurability mode)
+{
+	run_sql(psprintf("DELETE FROM %s",
+					 qualified_name(idem_store_table(fn_oid, "idem_mode"))),
+			0, NULL, NULL, SPI_OK_DELETE);
+	switch_to(fn_oid, mode);
 }
 
 /*
@@ -430,7 +436,8 @@ idem_mode_restored(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("durability mode must not be null")));
-	while_switching(restore_mode, fcinfo->flinfo->fn_oid,
+	while_switching(TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ? switch_to : restore_mode,
+					fcinfo->flinfo->fn_oid,
 					durability_from_name(TextDatumGetCString(d)));
 	return PointerGetDatum(row);
 }
@@ -508,9 +515,17 @@ check_publications(bool only_this_command)
 			"                      AND pr.prrelid OPERATOR(pg_catalog.=) c.oid)"
 			"%s ORDER BY 1, 2 LIMIT 1",
 			only_this_command ?
-			"   AND p.oid OPERATOR(pg_catalog.=) ANY (SELECT objid"
-			"         FROM pg_catalog.pg_event_trigger_ddl_commands()"
-			"        WHERE classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_publication'::pg_catalog.regclass)" : ""),
+			"   AND p.oid OPERATOR(pg_catalog.=) ANY ("
+			"       SELECT CASE c.classid"
+			"              WHEN 'pg_catalog.pg_publication'::pg_catalog.regclass THEN c.objid"
+			"              WHEN 'pg_catalog.pg_publication_rel'::pg_catalog.regclass THEN"
+			"                (SELECT prpubid FROM pg_catalog.pg_publication_rel"
+			"                  WHERE oid OPERATOR(pg_catalog.=) c.objid)"
+			"              WHEN 'pg_catalog.pg_publication_namespace'::pg_catalog.regclass THEN"
+			"                (SELECT pnpubid FROM pg_catalog.pg_publication_namespace"
+			"                  WHERE oid OPERATOR(pg_catalog.=) c.objid)"
+			"              END"
+			"         FROM pg_catalog.pg_event_trigger_ddl_commands() c)" : ""),
 			0, NULL, NULL, SPI_OK_SELECT);
 	if (SPI_processed == 0)
 	{
