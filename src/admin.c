@@ -201,20 +201,26 @@ move_records(const char *from, const char *to, bool to_results, bool has_1_4)
 	int64		deleted,
 				inserted;
 
+	int64		changed;
+
+	/* what was deleted must be what was inserted, row for row */
 	run_sql(psprintf("WITH moved AS (DELETE FROM %s WHERE %s RETURNING %s),"
-					 " ins AS (INSERT INTO %s (%s) SELECT %s FROM moved RETURNING 1)"
+					 " ins AS (INSERT INTO %s (%s) SELECT %s FROM moved RETURNING %s)"
 					 " SELECT (SELECT pg_catalog.count(*) FROM moved),"
-					 " (SELECT pg_catalog.count(*) FROM ins)",
-					 from, which, cols, to, cols, cols),
+					 " (SELECT pg_catalog.count(*) FROM ins),"
+					 " (SELECT pg_catalog.count(*) FROM"
+					 "   (SELECT %s FROM moved EXCEPT ALL SELECT %s FROM ins) AS changed)",
+					 from, which, cols, to, cols, cols, cols, cols, cols),
 			0, NULL, NULL, SPI_OK_SELECT);
 	deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	inserted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
-	if (deleted != inserted)
+	changed = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+	if (deleted != inserted || changed != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-				 errmsg("a trigger on table %s skipped %lld of the %lld records moved there",
-						to, (long long) (deleted - inserted), (long long) deleted),
-				 errhint("Triggers on the idempotency tables must return the row they are given.")));
+				 errmsg("a trigger on table %s skipped or changed %lld of the %lld records moved there",
+						to, (long long) Max(deleted - inserted, changed), (long long) deleted),
+				 errhint("Triggers on the idempotency tables must return the row they are given, with the extension's columns unchanged.")));
 	run_sql(psprintf("SELECT 1 FROM %s WHERE %s LIMIT 1", from, which),
 			0, NULL, NULL, SPI_OK_SELECT);
 	if (SPI_processed != 0)

@@ -221,6 +221,8 @@ response_too_large(const char *name, bool as_text, Size size)
 					   size, idem_max_response_size) :
 			 errdetail("The %s takes %zu bytes; idempotency.max_response_size is %d bytes.",
 					   name, size, idem_max_response_size),
+			 strcmp(name, "state") == 0 ?
+			 errhint("Keep the state elsewhere and checkpoint a reference to it.") :
 			 errhint("Store the response elsewhere and finish with a reference to it.")));
 }
 

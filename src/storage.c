@@ -333,14 +333,11 @@ open_table(IdemStore *store, int table, Oid relid)
 		return;
 	}
 
-	pkey = heap->rd_rel->relkind == RELKIND_RELATION ?
-		idem_primary_key_index(heap) : InvalidOid;
+	if (heap->rd_rel->relkind != RELKIND_RELATION)
+		shape_error(heap, "It is not a plain table.");
+	pkey = idem_primary_key_index(heap);
 	if (!OidIsValid(pkey))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("table \"%s\" has no primary key",
-						RelationGetRelationName(heap)),
-				 errhint("Restore its primary key on (role_id, operation, key).")));
+		shape_error(heap, "It has no primary key: restore the primary key on (role_id, operation, key).");
 	store->index[table] = index_open(pkey, store->lockmode);
 	check_shape(heap, store->index[table], &store->shape[table]);
 	/* opening the index may have processed an invalidation of the table */
