@@ -41,11 +41,45 @@ CREATE FUNCTION ext_objects() RETURNS SETOF text LANGUAGE sql AS $$
             WHERE t.oid = d.objid AND (t.typelem <> 0 OR c.relkind <> 'c')))
 $$;
 
+-- What ext_objects does not show of the extension's tables: every column
+-- (type, NOT NULL, default, collation), constraint and index, and the
+-- triggers (none of which is a member of the extension itself).
+CREATE FUNCTION ext_tables() RETURNS SETOF text LANGUAGE sql AS $$
+  WITH t AS (
+    SELECT c.oid, c.relname
+      FROM pg_depend d
+      JOIN pg_extension e ON e.oid = d.refobjid
+      JOIN pg_class c ON c.oid = d.objid
+     WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass
+       AND e.extname = 'idempotency' AND d.deptype = 'e' AND c.relkind = 'r'
+  )
+  SELECT format('%s column %s %s%s%s%s', t.relname, a.attname,
+                format_type(a.atttypid, a.atttypmod),
+                CASE WHEN a.attnotnull THEN ' not null' ELSE '' END,
+                ' default ' || pg_get_expr(ad.adbin, ad.adrelid),
+                ' collate ' || NULLIF(co.collname, 'default'))
+    FROM t
+    JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped
+    LEFT JOIN pg_attrdef ad ON ad.adrelid = t.oid AND ad.adnum = a.attnum
+    LEFT JOIN pg_collation co ON co.oid = a.attcollation
+  UNION ALL
+  SELECT format('%s constraint %s %s', t.relname, k.conname, pg_get_constraintdef(k.oid))
+    FROM t JOIN pg_constraint k ON k.conrelid = t.oid
+  UNION ALL
+  SELECT format('%s index %s', t.relname, pg_get_indexdef(i.indexrelid))
+    FROM t JOIN pg_index i ON i.indrelid = t.oid
+  UNION ALL
+  SELECT format('%s trigger %s', t.relname, pg_get_triggerdef(g.oid))
+    FROM t JOIN pg_trigger g ON g.tgrelid = t.oid AND NOT g.tgisinternal
+$$;
+
 -- This session uses the fresh install (and so remembers its objects) ...
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 SELECT status FROM idem_begin('upgrade', 'u0', NULL);
 CREATE TEMP TABLE fresh_objects AS SELECT o FROM ext_objects() o;
 SELECT o AS fresh_install FROM fresh_objects ORDER BY o;
+CREATE TEMP TABLE fresh_tables AS SELECT o FROM ext_tables() o;
+SELECT o AS fresh_tables FROM fresh_tables ORDER BY o;
 
 -- ... and still works after the extension is dropped and created again:
 -- the new, empty record table is found, not the dropped one.
@@ -84,6 +118,10 @@ SELECT o AS missing_after_upgrade FROM fresh_objects
 EXCEPT SELECT o FROM ext_objects() o;
 SELECT o AS extra_after_upgrade FROM ext_objects() o
 EXCEPT SELECT o FROM fresh_objects;
+SELECT o AS missing_after_upgrade FROM fresh_tables
+EXCEPT SELECT o FROM ext_tables() o;
+SELECT o AS extra_after_upgrade FROM ext_tables() o
+EXCEPT SELECT o FROM fresh_tables;
 -- The records survive the upgrade.
 SELECT status, response FROM idem_begin('upgrade', 'u1', idem_fingerprint('u', 1));
 SELECT idem_begin('upgrade', 'u0', NULL, in_flight => 'raise');
@@ -136,11 +174,97 @@ DELETE FROM idem_record WHERE operation = 'upgrade';
 DROP ROLE regress_idem_upgrade_kept;
 
 -- A 1.2 installation whose record table was made logged is in mode 'all'
--- after the update.
+-- after the updates, through 1.3 to the default version.
 DROP EXTENSION idempotency;
 CREATE EXTENSION idempotency VERSION '1.2';
 SELECT idem_set_logged(true);
-ALTER EXTENSION idempotency UPDATE TO '1.3';
+ALTER EXTENSION idempotency UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 SELECT idem_durability();
 SELECT relname, relpersistence FROM pg_class
  WHERE relname IN ('idem_record', 'idem_result') ORDER BY relname;
+
+-- From 1.3 to 1.4 with records in flight: a pending claim that will finish,
+-- one that will checkpoint and be taken over, and completed records in
+-- both tables.  (A 1.3 made through the update scripts is in mode 'none';
+-- making idem_result logged by hand puts it in mode 'completed' and leaves
+-- the record completed before where it was, in idem_record: a finish
+-- there and then puts the next one in idem_result.)
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency VERSION '1.3';
+SELECT idem_durability();
+SELECT idem_finish('upgrade', 'n1', (idem_begin('upgrade', 'n1', '\x01')).token, '"n1 under 1.3"');
+ALTER TABLE idem_result SET LOGGED;
+SELECT idem_durability();
+SELECT idem_finish('upgrade', 'c1', (idem_begin('upgrade', 'c1', '\x01')).token, '"c1 under 1.3"');
+SELECT token AS p1_token FROM idem_begin('upgrade', 'p1', '\x01') \gset
+SELECT token AS p2_token FROM idem_begin('upgrade', 'p2', '\x01') \gset
+CREATE FUNCTION where_is() RETURNS TABLE (tab text, key text, completed bool) LANGUAGE sql AS $$
+  SELECT 'idem_record', key, completed_at IS NOT NULL FROM idem_record WHERE operation = 'upgrade'
+  UNION ALL
+  SELECT 'idem_result', key, completed_at IS NOT NULL FROM idem_result WHERE operation = 'upgrade'
+  ORDER BY 2
+$$;
+SELECT * FROM where_is();
+SELECT pg_relation_filenode('idem_record') AS record_filenode,
+       pg_relation_filenode('idem_result') AS result_filenode \gset
+
+ALTER EXTENSION idempotency UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+-- The mode is kept; the update settles the completed records where the
+-- mode keeps them (n1 moves to idem_result).  The new columns are added
+-- without a rewrite of either table: the records in flight get no holder,
+-- no checkpoint, no takeover and no remembering.
+SELECT idem_durability();
+SELECT * FROM where_is();
+SELECT pg_relation_filenode('idem_record') = :record_filenode AS record_not_rewritten,
+       pg_relation_filenode('idem_result') = :result_filenode AS result_not_rewritten;
+SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull,
+       pg_get_expr(ad.adbin, ad.adrelid) AS "default"
+  FROM pg_class c
+  JOIN pg_attribute a ON a.attrelid = c.oid
+  LEFT JOIN pg_attrdef ad ON ad.adrelid = c.oid AND ad.adnum = a.attnum
+ WHERE c.relname IN ('idem_record', 'idem_result')
+   AND a.attname IN ('holder', 'checkpoint', 'takeovers', 'forget_at')
+ ORDER BY c.relname, a.attnum;
+SELECT r.key, r.holder, r.checkpoint, r.takeovers, r.forget_at
+  FROM (SELECT * FROM idem_record UNION ALL SELECT * FROM idem_result) r
+ WHERE r.operation = 'upgrade' ORDER BY r.key;
+-- The completed records replay; a different request is still refused.
+SELECT status, response FROM idem_begin('upgrade', 'n1', '\x01');
+SELECT status, response FROM idem_begin('upgrade', 'c1', '\x01');
+SELECT status FROM idem_begin('upgrade', 'c1', '\x02');
+\echo :SQLSTATE
+-- p1, claimed under 1.3, is still held and finishes with its token.
+SELECT state, checkpoint, takeovers FROM idem_inspect('upgrade', 'p1');
+SELECT status FROM idem_begin('upgrade', 'p1', '\x01', in_flight => 'raise');
+\echo :SQLSTATE
+SELECT idem_finish('upgrade', 'p1', :p1_token, '"p1 under 1.4"');
+SELECT status, response FROM idem_begin('upgrade', 'p1', '\x01');
+-- p2, claimed under 1.3, checkpoints under 1.4 (which moves it to
+-- idem_result), stalls, and is recovered by the next attempt.
+SELECT idem_checkpoint('upgrade', 'p2', :p2_token, '{"step": 1}');
+UPDATE idem_result SET expires_at = now() - interval '1 s'
+ WHERE operation = 'upgrade' AND key = 'p2';
+SELECT status, token > :p2_token AS greater_token, response
+  FROM idem_begin('upgrade', 'p2', '\x01');
+-- (the message names the token, which comes from the clock here: only
+-- the SQLSTATE is shown)
+\set VERBOSITY sqlstate
+SELECT idem_finish('upgrade', 'p2', :p2_token, '"stale"');
+\set VERBOSITY default
+SELECT * FROM where_is();
+SELECT state, checkpoint, takeovers FROM idem_inspect('upgrade', 'p2');
+DROP FUNCTION where_is();
+
+-- In the same mode as the fresh install above ('none'), the updated
+-- installation has the same objects and the same tables.
+SELECT idem_set_durability('none');
+SELECT o AS missing_after_update_from_1_3 FROM fresh_objects
+EXCEPT SELECT o FROM ext_objects() o;
+SELECT o AS extra_after_update_from_1_3 FROM ext_objects() o
+EXCEPT SELECT o FROM fresh_objects;
+SELECT o AS missing_after_update_from_1_3 FROM fresh_tables
+EXCEPT SELECT o FROM ext_tables() o;
+SELECT o AS extra_after_update_from_1_3 FROM ext_tables() o
+EXCEPT SELECT o FROM fresh_tables;
