@@ -33,13 +33,9 @@ use Time::HiRes qw(time sleep);
 
 use FindBin;
 use lib $FindBin::RealBin;
-use IdemTest;
+use IdemTest qw(:DEFAULT :pgbouncer);
 
-my ($pgbouncer) = grep { defined $_ && -x $_ } (
-	$ENV{PGBOUNCER},
-	(map { "$_/pgbouncer" } split(/:/, $ENV{PATH} // '')),
-	'/usr/sbin/pgbouncer', '/usr/bin/pgbouncer');
-if (!$pgbouncer)
+if (!pgbouncer_binary())
 {
 	plan skip_all => 'pgbouncer is not installed (Debian: apt-get install pgbouncer); '
 	  . 'set PGBOUNCER=/path/to/pgbouncer to use another one';
@@ -59,46 +55,10 @@ $node->safe_psql('postgres', q{
 
 # ---- pgbouncer ----
 
-# A node that is never initialised stands for pgbouncer: it reserves a free
-# port, and its host (the test's socket directory), port and
-# background_psql() connect to pgbouncer.
-my $bouncer = PostgreSQL::Test::Cluster->new('pgbouncer');
-my $bdir = $bouncer->basedir;
-append_to_file("$bdir/userlist.txt", qq{"app" ""\n"postgres" ""\n});
-my $bouncer_log = "$bdir/pgbouncer.log";
-append_to_file("$bdir/pgbouncer.ini", sprintf(<<'EOF', $node->host, $node->port, $bouncer->port, $bouncer->host, $bdir, $bouncer_log));
-[databases]
-postgres = host=%s port=%d dbname=postgres
-
-[pgbouncer]
-listen_port = %d
-unix_socket_dir = %s
-auth_type = trust
-auth_file = %s/userlist.txt
-pool_mode = transaction
-default_pool_size = 2
-min_pool_size = 0
-reserve_pool_size = 0
-max_client_conn = 100
-server_round_robin = 1
-server_reset_query =
-ignore_startup_parameters = extra_float_digits,options
-logfile = %s
-log_connections = 0
-log_disconnections = 0
-EOF
-my ($b_out, $b_err) = ('', '');
-my $bouncer_h = IPC::Run::start([ $pgbouncer, "$bdir/pgbouncer.ini" ],
-	'>', \$b_out, '2>', \$b_err);
-END { $bouncer_h->kill_kill if $bouncer_h && $bouncer_h->pumpable; }
-
-my $socket = $bouncer->host . '/.s.PGSQL.' . $bouncer->port;
-for (1 .. 100)
-{
-	last if -S $socket;
-	sleep 0.1;
-}
-ok(-S $socket, "pgbouncer listens on $socket") or diag("$b_out $b_err");
+# two server connections in the pool
+my $pgb = start_pgbouncer($node, pool_size => 2);
+my $bouncer = $pgb->{node};
+ok(-S $pgb->{socket}, "pgbouncer listens on $pgb->{socket}") or diag($pgb->{output});
 
 sub bsession
 {
@@ -303,8 +263,7 @@ cmp_ok($node->safe_psql('postgres', qq{
 is(idem_locks(), '0', 'load: no idempotency lock is left');
 
 $_->quit for ($s1, $s2, $s3, $s4);
-$bouncer_h->signal('INT');
-$bouncer_h->finish;
+stop_pgbouncer($pgb);
 my $log = slurp_file($node->logfile);
 unlike($log, qr/terminated by signal|PANIC|TRAP:/, 'no backend crashed');
 $node->stop;

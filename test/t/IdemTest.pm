@@ -80,6 +80,29 @@
 #                        $h->{rc} (the exit code), $h->{stdout} and
 #                        $h->{stderr}, and returns $h
 #
+# Exported on request only (use IdemTest qw(:DEFAULT :pgbouncer)), for the
+# tests behind a connection pooler:
+#
+#   pgbouncer_binary()   the pgbouncer to run: $ENV{PGBOUNCER}, else the first
+#                        on PATH, /usr/sbin or /usr/bin; undef if none (the
+#                        test then skips: plan skip_all)
+#   start_pgbouncer($node, pool_size => N)
+#                        pgbouncer in transaction pooling mode in front of
+#                        database postgres of $node: N server connections
+#                        (default 2, server_round_robin), users app and
+#                        postgres with auth trust, no server_reset_query,
+#                        admin_users postgres (its console, database
+#                        pgbouncer).  Waits (up to timeout_default) until it
+#                        listens.  Returns a handle: {node} (a never
+#                        initialised PostgreSQL::Test::Cluster standing for
+#                        pgbouncer: its host, port and background_psql()
+#                        connect to pgbouncer), {socket} (its Unix socket:
+#                        absent if it did not start), {log} (its log file),
+#                        {output} (what it printed at the start), {run}
+#                        (the IPC::Run harness).  Any pgbouncer still
+#                        running when the test exits is killed.
+#   stop_pgbouncer($h)   stop it (SIGINT) and wait for it to exit
+#
 # Use from a test file (prove_installcheck does not put test/t on @INC):
 #
 #   use FindBin;
@@ -95,14 +118,17 @@ use warnings;
 
 use Exporter 'import';
 use IPC::Run;
+use PostgreSQL::Test::Cluster ();
 use PostgreSQL::Test::Utils ();
 
 our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count
   $IDEM_RECORDS setup_load start_load stop_load load_progressed check_load check_amcheck);
 # Not exported unless asked for: tests that predate them define subs of the
 # same names, which an import would make Perl warn about as redefined.
-our %EXPORT_TAGS = (bench => [qw(try_sql claim token_of start_bench start_sweep finish_bench)]);
-our @EXPORT_OK = @{ $EXPORT_TAGS{bench} };
+our %EXPORT_TAGS = (
+	bench => [qw(try_sql claim token_of start_bench start_sweep finish_bench)],
+	pgbouncer => [qw(pgbouncer_binary start_pgbouncer stop_pgbouncer)]);
+our @EXPORT_OK = map { @$_ } values %EXPORT_TAGS;
 
 # Start $sql in session $s without waiting for it to finish.
 sub send_sql
@@ -476,6 +502,90 @@ sub check_amcheck
 		"$name: (c) amcheck (heapallindexed) clean on all $n indexes of idem_record and idem_result")
 	  or Test::More::diag($err);
 	return $n;
+}
+
+# ---- pgbouncer (the 120 and 461 tests) ----
+
+sub pgbouncer_binary
+{
+	my ($bin) = grep { defined $_ && -x $_ } (
+		$ENV{PGBOUNCER},
+		(map { "$_/pgbouncer" } split(/:/, $ENV{PATH} // '')),
+		'/usr/sbin/pgbouncer', '/usr/bin/pgbouncer');
+	return $bin;
+}
+
+my @pgbouncers;
+END
+{
+	for my $h (@pgbouncers)
+	{
+		$h->{run}->kill_kill if $h->{run} && $h->{run}->pumpable;
+	}
+}
+
+sub start_pgbouncer
+{
+	my ($node, %o) = @_;
+	my $bin = pgbouncer_binary() or die 'start_pgbouncer: pgbouncer is not installed';
+	# A node that is never initialised stands for pgbouncer: it reserves a
+	# free port, and its host (the test's socket directory), port and
+	# background_psql() connect to pgbouncer.
+	my $bouncer = PostgreSQL::Test::Cluster->new('pgbouncer');
+	my $bdir = $bouncer->basedir;
+	my $h = {
+		node => $bouncer,
+		log => "$bdir/pgbouncer.log",
+		socket => $bouncer->host . '/.s.PGSQL.' . $bouncer->port,
+	};
+	PostgreSQL::Test::Utils::append_to_file("$bdir/userlist.txt", qq{"app" ""\n"postgres" ""\n});
+	PostgreSQL::Test::Utils::append_to_file("$bdir/pgbouncer.ini", sprintf(<<'EOF',
+[databases]
+postgres = host=%s port=%d dbname=postgres
+
+[pgbouncer]
+listen_port = %d
+unix_socket_dir = %s
+auth_type = trust
+auth_file = %s/userlist.txt
+admin_users = postgres
+pool_mode = transaction
+default_pool_size = %d
+min_pool_size = 0
+reserve_pool_size = 0
+max_client_conn = 100
+server_round_robin = 1
+server_reset_query =
+ignore_startup_parameters = extra_float_digits,options
+logfile = %s
+log_connections = 0
+log_disconnections = 0
+EOF
+		$node->host, $node->port, $bouncer->port, $bouncer->host, $bdir,
+		$o{pool_size} // 2, $h->{log}));
+	$h->{run} = IPC::Run::start([ $bin, "$bdir/pgbouncer.ini" ],
+		'>', "$bdir/pgbouncer.out", '2>', "$bdir/pgbouncer.err");
+	push @pgbouncers, $h;
+	my $timer = IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default);
+	$timer->start;
+	until (-S $h->{socket} || $timer->is_expired || !$h->{run}->pumpable)
+	{
+		select(undef, undef, undef, 0.05);
+	}
+	$h->{output} = join '', map { -e $_ ? PostgreSQL::Test::Utils::slurp_file($_) : '' }
+	  "$bdir/pgbouncer.out", "$bdir/pgbouncer.err";
+	return $h;
+}
+
+sub stop_pgbouncer
+{
+	my ($h) = @_;
+	if ($h->{run}->pumpable)
+	{
+		$h->{run}->signal('INT');
+	}
+	eval { $h->{run}->finish; };
+	return;
 }
 
 1;
