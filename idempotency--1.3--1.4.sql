@@ -120,7 +120,9 @@ GRANT SELECT ON @extschema@.idem_stats_counters TO PUBLIC;
  */
 CREATE TABLE @extschema@.idem_mode (
 	durability	pg_catalog.text NOT NULL
-		CHECK (durability OPERATOR(pg_catalog.=) ANY (ARRAY['none', 'completed', 'all'])),
+		CHECK (durability OPERATOR(pg_catalog.=) 'none'
+			   OR durability OPERATOR(pg_catalog.=) 'completed'
+			   OR durability OPERATOR(pg_catalog.=) 'all'),
 	one_row		pg_catalog.bool NOT NULL DEFAULT true PRIMARY KEY CHECK (one_row)
 );
 REVOKE ALL ON @extschema@.idem_mode FROM PUBLIC;
@@ -147,11 +149,11 @@ REVOKE ALL ON FUNCTION
 	@extschema@.idem_settle()
 FROM PUBLIC;
 
-CREATE TRIGGER idem_mode_restored BEFORE INSERT OR UPDATE ON @extschema@.idem_mode
+CREATE TRIGGER restore_mode BEFORE INSERT OR UPDATE ON @extschema@.idem_mode
 	FOR EACH ROW EXECUTE FUNCTION @extschema@.idem_mode_restored();
-CREATE TRIGGER idem_settle AFTER INSERT ON @extschema@.idem_record
+CREATE TRIGGER settle_records AFTER INSERT ON @extschema@.idem_record
 	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_settle();
-CREATE TRIGGER idem_settle AFTER INSERT ON @extschema@.idem_result
+CREATE TRIGGER settle_records AFTER INSERT ON @extschema@.idem_result
 	FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_settle();
 
 /* the current mode, so that a dump of the updated database carries it */
@@ -188,7 +190,7 @@ LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION @extschema@.idem_publication_guard() FROM PUBLIC;
 
-CREATE EVENT TRIGGER idem_publication_guard ON ddl_command_end
+CREATE EVENT TRIGGER idempotency_publication_guard ON ddl_command_end
 	WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
 	EXECUTE FUNCTION @extschema@.idem_publication_guard();
 

@@ -119,7 +119,7 @@ my @denied = (
 	[ 'SET idempotency.max_response_size', q{SET idempotency.max_response_size = '1GB'} ],
 	[ 'ALTER EXTENSION UPDATE',        'ALTER EXTENSION idempotency UPDATE' ],
 	[ 'DROP EXTENSION',                'DROP EXTENSION idempotency' ],
-	[ 'ALTER FUNCTION idem_begin',     'ALTER FUNCTION idem_begin(text, text, bytea, text, interval, interval) SECURITY DEFINER' ],
+	[ 'ALTER FUNCTION idem_begin',     'ALTER FUNCTION idem_begin(text, text, bytea, text, interval, interval, text, interval) SECURITY DEFINER' ],
 	[ 'DROP FUNCTION idem_finish',     'DROP FUNCTION idem_finish(text, text, bigint, jsonb)' ],
 	[ 'CREATE OR REPLACE idem_abort',  q{CREATE OR REPLACE FUNCTION public.idem_abort(text, text, bigint) RETURNS bool LANGUAGE sql AS 'SELECT true'} ],
 	[ 'ALTER VIEW idem_stats',         'ALTER VIEW idem_stats RENAME TO x' ],
@@ -444,7 +444,7 @@ sub run_script
 	for my $line (split /\n/, $out)
 	{
 		$line =~ s/\b(\d{1,19})\b/exists $tok{$1} ? $tok{$1} : ($tok{$1} = 'T' . ++$next)/ge
-		  if $line =~ /^(new|lapse|takeover|inspect)\|/;
+		  if $line =~ /^(new|lapse|takeover|inspect2?)\|/;
 		$line =~ s/^(renew)\|([\d.]+)$/sprintf('%s|%s', $1, abs($2 - time - 3600) < 60 ? 'now+1h' : "WRONG:$2")/e;
 		push @lines, $line;
 	}

@@ -328,6 +328,14 @@ for my $file (@scripts)
 			{
 				push @problems, "CREATE of an unknown kind of object: $where";
 			}
+			elsif ($kind->{text} eq 'event' && is_tok($stmt->[ $i + 1 ], 'trigger'))
+			{
+				# 1.4's publication guard: an event trigger's name is the
+				# database's and cannot be qualified; its function must be
+				my $text = join(' ', map { $_->{text} } @$stmt);
+				push @problems, "CREATE EVENT TRIGGER must EXECUTE FUNCTION \@extschema\@.function: $where"
+				  unless $text =~ / execute function \@extschema\@ \. \w+ \( \)$/;
+			}
 			elsif ($kind->{text} =~ /^(?:schema|cast|language|event|server|foreign|rule|policy|text|conversion)$/)
 			{
 				push @problems, "CREATE \U$kind->{text}\E has no place in this extension's scripts: $where";
@@ -475,6 +483,7 @@ is($node->safe_psql('postgres', q{
 	SELECT count(*) FROM pg_depend d
 	  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
 	 WHERE d.deptype = 'e'
+	   AND d.classid <> 'pg_event_trigger'::regclass   -- a database's, no schema
 	   AND pg_describe_object(d.classid, d.objid, 0) NOT LIKE '%Idem Schema%'}),
 	'0', 'every member object lives in the "Idem Schema" schema');
 my $out = $node->safe_psql('postgres', q{
@@ -539,8 +548,8 @@ is($node->safe_psql('fresh', q{
 	  FROM pg_extension e CROSS JOIN LATERAL unnest(e.extconfig) r(oid)
 	  JOIN pg_class c ON c.oid = r.oid
 	 WHERE e.extname = 'idempotency'}),
-	'idem_record,idem_result,idem_token_epoch',
-	'the record tables and the token epochs are dumped by pg_dump (not the count)');
+	'idem_mode,idem_record,idem_result,idem_token_cluster,idem_token_epoch',
+	'the record tables, the mode and the token epochs (and their cluster) are dumped by pg_dump (not the count)');
 for my $db (qw(fresh updated))
 {
 	is($node->safe_psql($db, q{
