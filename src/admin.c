@@ -101,15 +101,22 @@ purge_table(Oid relid, int32 max_rows)
 
 	/*
 	 * Version 1.4: a remembered key loses its response at the end of its
-	 * retention and the row at the end of remembering.  (A pending claim's
-	 * forget_at is not an end yet: see claim.c.)
+	 * retention and the row at the end of remembering (a pending claim's
+	 * forget_at is not an end yet: see claim.c).  A lapsed claim that has a
+	 * checkpoint is what its next owner resumes from: it stays for the
+	 * claim's ttl, the clients' retry window, after it was made.
 	 */
 	n = run_sql(psprintf("DELETE FROM %s"
 						 " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
 						 "   SELECT ctid FROM %s"
 						 "    WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
-						 "      AND (completed_at IS NULL OR forget_at IS NULL"
-						 "           OR forget_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp())"
+						 "      AND CASE WHEN completed_at IS NULL"
+						 "               THEN checkpoint IS NULL"
+						 "                 OR created_at OPERATOR(pg_catalog.+) ttl"
+						 "                    OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+						 "               ELSE forget_at IS NULL"
+						 "                 OR forget_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+						 "          END"
 						 "    LIMIT $1 FOR UPDATE SKIP LOCKED))",
 						 table, table),
 				1, argtypes, args, SPI_OK_DELETE);
