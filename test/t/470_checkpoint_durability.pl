@@ -22,7 +22,9 @@
 #    hold their keys while their session lives (IK409).
 #    After the crash (immediate stop, start):
 #      completed, all: cp-lease, retried once its lease is over ('wait'),
-#        gets 'recover' with {"step": 2} and a greater token; cp-session
+#        gets 'recover' with {"step": 2} and a greater token (that retry
+#        claims with takeover => 'session': its claim lapses as its psql
+#        exits, and its 1 h lease keeps it from the purges); cp-session
 #        gets 'recover' with {"step": "s"} at once (in_flight => 'raise':
 #        its session died in the crash, nothing to wait for); the old
 #        tokens are refused by idem_finish and idem_checkpoint (IK412);
@@ -32,9 +34,10 @@
 #        takeover), kept in 'all': plain-lease still held (IK409),
 #        plain-sess taken over at once ('new', takeovers = 1: no
 #        checkpoint, so no 'recover').
-#    A second crash, the recovered cp-lease claim left pending with a 1 s
-#    lease: in 'completed' and 'all' the next retry recovers again, the
-#    same state, takeovers = 2 (the checkpoint is kept across takeovers).
+#    A second crash, the recovered cp-lease claim left pending: in
+#    'completed' and 'all' the next retry recovers again at once, the same
+#    state, takeovers = 2 (the checkpoint is kept across takeovers, in the
+#    logged table).
 # 2. Remembered keys across purge and the second crash, per mode: rem
 #    finished with ttl 1 min and remember 1 h, rem-off with ttl 1 min
 #    only.  Time is moved by the superuser updating expires_at (the end of
@@ -45,6 +48,11 @@
 #    IK410).  After the crash: kept in 'completed' and 'all' (IK410), gone
 #    in 'none' ('new').  After remember: idem_purge deletes the row and the
 #    key is new.
+#    cp-purge, per mode: a claim with a checkpoint whose lease lapsed
+#    (expires_at moved by the superuser), not yet taken over, when
+#    idem_purge runs: the retry after the purge must still get 'recover'
+#    with the checkpoint -- the state a retry resumes from cannot depend on
+#    whether the purge worker ran in between.
 # 3. A primary in mode 'completed' with a synchronous standby: a claim
 #    with a checkpoint (a session claim, its session open) and one without,
 #    committed on the primary; the primary stops (immediate), the standby
