@@ -37,7 +37,6 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use List::Util qw(max);
 
 use FindBin;
 use lib $FindBin::RealBin;
@@ -213,7 +212,7 @@ push @{ $btok{lapse} }, $t_lapse1, $t_lapse2;
 my $t_done = claim_token($nb, 'done');
 is(finish($nb, 'done', $t_done, '{"on": "B"}'), '00000', 'B: done is finished');
 push @{ $btok{done} }, $t_done;
-my $b_max = max(map { @$_ } values %btok);
+my $b_max = token_max(map { @$_ } values %btok);
 is($b_max, $nb->safe_psql($db, q{SELECT max(token) FROM (SELECT token FROM idem_record UNION ALL SELECT token FROM idem_result) r}),
 	'B: the greatest token B handed out: ' . describe($b_max));
 $nb->wait_for_catchup($standby{b2});
@@ -244,7 +243,7 @@ for my $name (qw(b1 b2))
 		}
 		like($c, qr/^new\|\d+$/, "$name: $key is new (B's claim did not reach it)");
 		($stok{$key}) = $c =~ /(\d+)$/;
-		cmp_ok($stok{$key}, '>', max(@{ $btok{$key} }),
+		cmp_ok($stok{$key}, '>', token_max(@{ $btok{$key} }),
 			"$name: $key: its token is greater than every token B handed out for it");
 	}
 	my $first = (sort { $a <=> $b } values %stok)[0];
