@@ -43,7 +43,6 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use List::Util qw(max);
 
 use FindBin;
 use lib $FindBin::RealBin;
@@ -156,7 +155,7 @@ push @old, $t_worker;
 my $old_last = epoch_seq($primary);
 is("$old_last->{timeline}|$old_last->{serial}", '1|' . (serial($first) + 2),
 	'old primary: idem_token_epoch holds its last epoch, on timeline 1, which the standby never saw');
-my $old_max = max(@old);
+my $old_max = token_max(@old);
 my $old_band = band($first);
 is(scalar(grep { band($_) == $old_band } @old), scalar(@old),
 	"every token of the old primary is in band $old_band");
@@ -237,7 +236,7 @@ is(serial($r_crash[0]), serial($r_first) + 1,
 my $t_after2 = claim_token($orig, 'after-rp-crash');
 finish($orig, 'after-rp-crash', $t_after2, '{"rp": "after crash"}');
 push @issued, $t_after2;
-my $r_max = max(@issued);
+my $r_max = token_max(@issued);
 my $r_band = band($r_first);
 is(scalar(grep { band($_) == $r_band } @issued), scalar(@issued),
 	"every token of the original is in band $r_band");

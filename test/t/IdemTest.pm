@@ -29,6 +29,11 @@
 #                        how many idempotency advisory locks (classes 0x494B
 #                        and 0x494C) pg_locks shows: 0 once every claim and
 #                        wait has ended
+#   token_max(@tokens)   the greatest of @tokens, compared as integers:
+#                        List::Util's max may compare them as doubles, which
+#                        cannot tell apart tokens of one epoch (above 2^53
+#                        they are 64 or more apart) and then returns any of
+#                        them
 #
 # Each statement is followed by "\echo __done__ :SQLSTATE" and
 # "\warn __done__", so its end, its SQLSTATE (00000 on success) and all of
@@ -121,7 +126,7 @@ use IPC::Run;
 use PostgreSQL::Test::Cluster ();
 use PostgreSQL::Test::Utils ();
 
-our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count
+our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count token_max
   $IDEM_RECORDS setup_load start_load stop_load load_progressed check_load check_amcheck);
 # Not exported unless asked for: tests that predate them define subs of the
 # same names, which an import would make Perl warn about as redefined.
@@ -202,6 +207,18 @@ sub idem_lock_count
 	return $node->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_locks
 		 WHERE locktype = 'advisory' AND objsubid IN (18763, 18764)});    # 0x494B, 0x494C
+}
+
+# The greatest token of a list, compared as integers (Perl's > on two
+# integers compares them exactly).
+sub token_max
+{
+	my ($m, @rest) = @_;
+	for my $t (@rest)
+	{
+		$m = $t if $t > $m;
+	}
+	return $m;
 }
 
 # ---- loads and retries of every key (the 4xx tests, and start_load) ----
