@@ -17,9 +17,10 @@
 # A. The guard, on a publisher (wal_level = logical, extension in schema
 #    public, mode 'completed'):
 #    - CREATE PUBLICATION ... FOR ALL TABLES, ... FOR TABLES IN SCHEMA
-#      public and ALTER PUBLICATION ... ADD TABLES IN SCHEMA public are
-#      refused: 55000, the error names the publication and one of the
+#      public and ALTER PUBLICATION ... ADD / SET TABLES IN SCHEMA public
+#      are refused: 55000, the error names the publication and one of the
 #      extension's tables, its HINT names idempotency.publish_records;
+#    - a publication that names idem_result is allowed (the DBA chose it);
 #    - FOR TABLE app (the application's own table) is allowed, and a
 #      subscriber without the extension keeps replicating app while keys
 #      are claimed, finished and replayed on the publisher: every row
@@ -121,7 +122,18 @@ is(refused($pub, 'postgres', 'ALTER PUBLICATION p_alter ADD TABLES IN SCHEMA pub
 	'55000|p_alter|table|hint', 'ALTER PUBLICATION ... ADD TABLES IN SCHEMA public is refused');
 is($pub->safe_psql('postgres', q{SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_publication_tables WHERE pubname = 'p_alter'}),
 	'app', 'the refused ALTER PUBLICATION left the publication as it was');
+is(refused($pub, 'postgres', 'ALTER PUBLICATION p_alter SET TABLES IN SCHEMA public'),
+	'55000|p_alter|table|hint', 'ALTER PUBLICATION ... SET TABLES IN SCHEMA public is refused');
 $pub->safe_psql('postgres', 'DROP PUBLICATION p_alter');
+{
+	my ($st, $out, $err) = try_sql($pub, 'postgres', q{
+		CREATE PUBLICATION p_named FOR TABLE app, idem_result;
+		SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_publication_tables WHERE pubname = 'p_named';
+		DROP PUBLICATION p_named;});
+	is("$st|$out", '00000|app,idem_result',
+		'a publication that names idem_result (FOR TABLE app, idem_result) is allowed without publish_records')
+	  or diag($err);
+}
 
 $pub->safe_psql('postgres', 'CREATE PUBLICATION p_app FOR TABLE app');
 is($pub->safe_psql('postgres', q{SELECT string_agg(schemaname || '.' || tablename, ',') FROM pg_publication_tables WHERE pubname = 'p_app'}),
