@@ -204,7 +204,7 @@ CREATE EVENT TRIGGER idempotency_publication_guard ON ddl_command_end
  */
 CREATE PROCEDURE @extschema@.idem_set_durability_online(
 	mode		pg_catalog.text,
-	batch_size	pg_catalog.int4 DEFAULT 1000)
+	batch_size	pg_catalog.int4 DEFAULT 200)
 AS 'MODULE_PATHNAME', 'idem_set_durability_online'
 LANGUAGE C;
 REVOKE ALL ON PROCEDURE @extschema@.idem_set_durability_online(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;
