@@ -17,6 +17,11 @@
  *       idem_finish.  Measures from the moment the owner's idem_finish
  *       returns to the moment the duplicate's idem_begin returns.
  *
+ *   waiters exit TRIALS
+ *       A duplicate sleeps on a claim committed with takeover => 'session'
+ *       (lease 60 s); the owner's client disconnects.  Measures from the
+ *       disconnect to the moment the duplicate's idem_begin returns 'new'.
+ *
  *   waiters idle N SECONDS
  *       N duplicates wait SECONDS on one committed claim.  Sums the CPU
  *       time of their N server backends (/proc/PID/sched, ns precision;
@@ -501,6 +506,67 @@ wakeup(int trials)
 	PQfinish(mon);
 }
 
+/* ------------------------------------------------------------------ exit */
+
+static void
+session_exit(int trials)
+{
+	PGconn	   *dup = connect_one(),
+			   *mon = connect_one();
+	double	   *lat = calloc(trials, sizeof(double));
+	int			dup_pid = PQbackendPID(dup);
+	int			bad = 0;
+
+	warm(dup, 0);
+	for (int t = 0; t < trials; t++)
+	{
+		PGconn	   *owner = connect_one();
+		char		key[64];
+		long long	token;
+		const char *p[1];
+		PGresult   *r;
+		struct pollfd pfd;
+		double		t0;
+
+		snprintf(key, sizeof(key), "exit-%d-%d", (int) getpid(), t);
+		p[0] = key;
+		r = run(owner, "SELECT status, token FROM idem_begin('bench.exit', $1, '" FP "'::bytea,"
+				" 'wait', '60 s', takeover => 'session')", 1, p);
+		if (strcmp(PQgetvalue(r, 0, 0), "new") != 0)
+			die("exit: claim was not new");
+		token = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+		PQclear(r);
+
+		send_or_die(dup, "SELECT status, token FROM idem_begin('bench.exit', $1, '" FP "'::bytea, 'wait')", 1, p);
+		wait_until_sleeping(mon, dup_pid, 1);
+		sleep_ms(2);			/* well inside WaitLatch by now */
+
+		t0 = now_ms();
+		PQfinish(owner);		/* the client goes away: its session ends */
+		for (;;)
+		{
+			pfd = (struct pollfd) {PQsocket(dup), POLLIN, 0};
+			if (poll(&pfd, 1, 5000) <= 0)
+				die("exit: the duplicate was not woken within 5 s");
+			if ((r = try_result(dup)) != NULL)
+				break;
+		}
+		lat[t] = now_ms() - t0;
+		if (strcmp(PQgetvalue(r, 0, 0), "new") != 0 ||
+			strtoll(PQgetvalue(r, 0, 1), NULL, 10) <= token)
+			bad++;
+		PQclear(r);
+	}
+
+	for (int t = 0; t < trials; t++)
+		printf("exit trial %d: duplicate took the key %.3f ms after the owner disconnected\n", t + 1, lat[t]);
+	qsort(lat, trials, sizeof(double), cmp_double);
+	printf("RESULT exit trials=%d bad=%d p50_ms=%.3f p95_ms=%.3f max_ms=%.3f min_ms=%.3f\n",
+		   trials, bad, pct(lat, trials, 50), pct(lat, trials, 95), lat[trials - 1], lat[0]);
+	PQfinish(dup);
+	PQfinish(mon);
+}
+
 /* ------------------------------------------------------------------ idle */
 
 typedef struct CpuSample
@@ -676,6 +742,8 @@ main(int argc, char **argv)
 		hotkey(atoi(argv[2]), atoi(argv[3]), argv[4], atoi(argv[5]));
 	else if (argc == 3 && strcmp(argv[1], "wakeup") == 0)
 		wakeup(atoi(argv[2]));
+	else if (argc == 3 && strcmp(argv[1], "exit") == 0)
+		session_exit(atoi(argv[2]));
 	else if (argc == 4 && strcmp(argv[1], "idle") == 0)
 		idle(atoi(argv[2]), atof(argv[3]));
 	else
@@ -683,6 +751,7 @@ main(int argc, char **argv)
 		fprintf(stderr,
 				"usage: waiters hotkey N ACTION_MS ext|tx TRIALS\n"
 				"       waiters wakeup TRIALS\n"
+				"       waiters exit TRIALS\n"
 				"       waiters idle N SECONDS\n");
 		return 2;
 	}
