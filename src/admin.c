@@ -620,11 +620,12 @@ drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
 		SPI_commit();
 	} while (moved > 0);
 
-	PushActiveSnapshot(GetTransactionSnapshot());
 	run_sql(psprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE",
 					 qualified_name(idem_store_relid(fn_oid)),
 					 qualified_name(idem_store_result_relid(fn_oid))),
 			0, NULL, NULL, SPI_OK_UTILITY);
+	/* a snapshot taken once we hold the locks sees every finished write */
+	PushActiveSnapshot(GetTransactionSnapshot());
 	idem_store_open(&store, fn_oid, AccessExclusiveLock);
 	(void) idem_store_move_batch(&store, from, all, PG_INT64_MAX);
 	idem_store_close(&store, false);
