@@ -103,6 +103,9 @@ const GET_CHARGE = {
 export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease = '30 s', log = console }) {
 	const app = express();
 	app.disable('x-powered-by');
+	// no ETag: nothing here is cached by validators, and hashing every body
+	// costs CPU
+	app.disable('etag');
 	app.use(express.json({ limit: '16kb' }));
 
 	app.post('/charges', async (req, res) => {

@@ -109,9 +109,16 @@ function onError(err, req, res, next) {
 	res.status(res.statusCode >= 400 ? res.statusCode : 500).json({ error: err.message });
 }
 
-async function baseApp() {
+// express as the example configures it (app.js): no ETag
+function newApp() {
 	const app = express();
+	app.disable('etag');
 	app.use(express.json({ limit: '16kb' }));
+	return app;
+}
+
+async function baseApp() {
+	const app = newApp();
 	app.post('/charges', charge);
 	app.post('/orders', order);
 	app.use(onError);
@@ -134,8 +141,7 @@ async function expidemApp() {
 	const RedisAdapter = adapterModule.default.default ?? adapterModule.default;
 	const dataAdapter = new RedisAdapter({ connectionConfig: { socket: { path: env.REDIS_SOCKET } } });
 	await dataAdapter.connect();
-	const app = express();
-	app.use(express.json({ limit: '16kb' }));
+	const app = newApp();
 	const service = () => getSharedIdempotencyService();
 	const guarded = (handler) => async (req, res) => {
 		if (service().isHit(req)) {
@@ -191,8 +197,7 @@ async function nodeidemApp() {
 		};
 		return handler(req, res);
 	};
-	const app = express();
-	app.use(express.json({ limit: '16kb' }));
+	const app = newApp();
 	app.post('/charges', guarded(charge));
 	app.post('/orders', guarded(order));
 	app.use(onError);
