@@ -25,6 +25,17 @@
 // Every statement is a named prepared statement (node-pg's `name`): each
 // connection parses and plans it once.
 //
+// Recovery (the extension's version 1.4 and later: `recovery`, see
+// hasRecovery()).  The claim is made with takeover => 'session' and, in the
+// same statement, a checkpoint saying the provider is about to be called
+// with the key.  If this process dies (kill -9, OOM) its connections close,
+// the claim lapses at once instead of after its lease, and the next
+// attempt's idem_begin answers 'recover' with that checkpoint: the provider
+// may have charged, so the new owner asks the provider for the charge made
+// with the key before charging, and finishes with it.  Against 1.3 the claim
+// is a plain leased one: a retry waits for the lease, then calls the
+// provider again with the same key.
+//
 // Connection pools (external call only).  A waiting idem_begin occupies its
 // connection until the first attempt calls idem_finish or idem_abort, so
 // those two must never queue behind waiters for a connection: claims go
@@ -67,6 +78,18 @@ const FINISH = {
 	       SELECT idem_finish($1, $2, $3, $4::jsonb), $4::jsonb AS response`,
 };
 
+// 1.4: the same, a claim that lapses when its session ends, with its
+// checkpoint written in the claim's own statement (one round trip)
+const BEGIN_RECOVERABLE = {
+	name: 'charge_begin_recoverable',
+	text: `SELECT c.status, c.token, c.response,
+	              CASE WHEN c.status <> 'replay'
+	                   THEN idem_checkpoint($1, $2, c.token, jsonb_build_object('provider_key', $2::text)) END
+	         FROM idem_begin($1, $2,
+	                         idem_fingerprint($3::text, $4::bigint, $5::text),
+	                         in_flight => $6, lease => $7::interval, takeover => 'session') AS c`,
+};
+
 const ABORT = { name: 'charge_abort', text: `SELECT idem_abort($1, $2, $3) AS released` };
 
 // Claim, order row and response in one statement.  'new': the order is
@@ -100,7 +123,17 @@ const GET_CHARGE = {
 	text: `SELECT id, customer, amount, currency, created_at FROM charges WHERE id = $1`,
 };
 
-export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease = '30 s', log = console }) {
+// Whether the extension installed in the database has session takeover and
+// checkpoints (version 1.4 and later).
+export async function hasRecovery(pool) {
+	const { rows } = await pool.query(`SELECT to_regproc('idem_checkpoint') IS NOT NULL AS ok`);
+	return rows[0].ok;
+}
+
+export function createApp({
+	claimPool, pool, provider, inFlight = 'wait', lease = '30 s', recovery = false, log = console,
+}) {
+	const beginStatement = recovery ? BEGIN_RECOVERABLE : BEGIN;
 	const app = express();
 	app.disable('x-powered-by');
 	// no ETag: nothing here is cached by validators, and hashing every body
@@ -118,7 +151,9 @@ export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease 
 		// 1. claim the key
 		let claim;
 		try {
-			claim = await begin(claimPool, [OPERATION, key, customer, amount, currency, inFlight, lease]);
+			claim = await withSerializationRetry(() => claimPool.query({
+				...beginStatement, values: [OPERATION, key, customer, amount, currency, inFlight, lease],
+			}));
 		} catch (err) {
 			return sendProblem(res, dbProblem(err, 'begin', log));
 		}
@@ -126,10 +161,15 @@ export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease 
 			return sendStored(res, claim.response, true);
 		}
 
-		// 2. we hold the key: call the provider, passing the key on
+		// 2. we hold the key: call the provider, passing the key on.  After a
+		// takeover ('recover': an attempt died after its checkpoint) first ask
+		// the provider whether it charged with this key.
 		let result;
 		try {
-			result = await provider.charge({ idempotencyKey: key, customer, amount, currency });
+			if (claim.status === 'recover') {
+				result = await provider.find({ idempotencyKey: key, customer, amount, currency });
+			}
+			result ??= await provider.charge({ idempotencyKey: key, customer, amount, currency });
 		} catch (err) {
 			// errors are not cached: release the claim so a retry runs again
 			try {
@@ -256,10 +296,6 @@ async function withSerializationRetry(run) {
 			}
 		}
 	}
-}
-
-function begin(claimPool, values) {
-	return withSerializationRetry(() => claimPool.query({ ...BEGIN, values }));
 }
 
 // The finishing statement, retried when the database was briefly

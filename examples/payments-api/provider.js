@@ -12,7 +12,8 @@
 // first charge and charges nothing.  Each call with a key is counted
 // (`calls`), so a test sees an API that called twice even though the
 // customer was charged once; a call that reuses a key with other parameters
-// is refused.
+// is refused.  `find` answers whether a charge was made with a key (the
+// service asks it after taking over a dead attempt's claim, app.js).
 //
 // flakyCustomers: for these customers the first call with a given key
 // times out without charging, so a test can show that errors are not
@@ -22,6 +23,11 @@
 
 export class ProviderError extends Error {}
 export class ProviderTimeoutError extends ProviderError {}
+
+const FIND_SQL = {
+	name: 'provider_find',
+	text: `SELECT id, created_at, customer, amount, currency FROM provider_charges WHERE provider_key = $1`,
+};
 
 const CHARGE_SQL = {
 	name: 'provider_charge',
@@ -35,20 +41,32 @@ export function createProvider({ pool, delayMs = 300, flakyCustomers = [] }) {
 	const flaky = new Set(flakyCustomers);
 	const failedOnce = new Set();
 
+	// the provider's answer for its ledger row c
+	function answer(c, { idempotencyKey, customer, amount, currency }) {
+		if (c.customer !== customer || Number(c.amount) !== amount || c.currency !== currency) {
+			throw new ProviderError(`provider: key ${idempotencyKey} was used for another charge`);
+		}
+		return { id: `ch_${c.id}`, created: c.created_at.toISOString() };
+	}
+
 	return {
-		async charge({ idempotencyKey, customer, amount, currency }) {
+		// the charge made with this key, or null (a real provider's "list
+		// charges by idempotency key"); it charges nothing
+		async find(request) {
+			const { rows } = await pool.query({ ...FIND_SQL, values: [request.idempotencyKey] });
+			return rows.length ? answer(rows[0], request) : null;
+		},
+
+		async charge(request) {
+			const { idempotencyKey, customer, amount, currency } = request;
 			if (flaky.has(customer) && !failedOnce.has(idempotencyKey)) {
 				failedOnce.add(idempotencyKey);
 				await sleep(delayMs);
 				throw new ProviderTimeoutError(`provider timed out charging ${customer}`);
 			}
 			const { rows } = await pool.query({ ...CHARGE_SQL, values: [idempotencyKey, customer, amount, currency] });
-			const c = rows[0];
 			await sleep(delayMs);
-			if (c.customer !== customer || Number(c.amount) !== amount || c.currency !== currency) {
-				throw new ProviderError(`provider: key ${idempotencyKey} was used for another charge`);
-			}
-			return { id: `ch_${c.id}`, created: c.created_at.toISOString() };
+			return answer(rows[0], request);
 		},
 	};
 }

@@ -13,10 +13,12 @@
 //   PROVIDER_DELAY_MS=300        the simulated provider's latency
 //   PROVIDER_FLAKY_CUSTOMERS=a,b customers whose first call per key times out
 //   POOL_SIZE=10                 connections of each pool
+//   RECOVERY=off                 no session takeover nor checkpoints even when
+//                                the extension has them (1.4): app.js
 
 import pg from 'pg';
 
-import { createApp } from './app.js';
+import { createApp, hasRecovery } from './app.js';
 import { createProvider } from './provider.js';
 
 const env = process.env;
@@ -53,14 +55,17 @@ const provider = createProvider({
 	flakyCustomers: (env.PROVIDER_FLAKY_CUSTOMERS ?? '').split(',').filter(Boolean),
 });
 
-const app = createApp({ claimPool, pool, provider, inFlight, lease });
+// session takeover and checkpoints when the extension has them (1.4)
+const recovery = env.RECOVERY === 'off' ? false : await hasRecovery(pool);
+const app = createApp({ claimPool, pool, provider, inFlight, lease, recovery });
 
 const server = app.listen(port, host, (err) => {
 	if (err) {
 		console.error(`cannot listen on ${host}:${port}: ${err.message}`);
 		process.exit(1);
 	}
-	console.log(`payments-api listening on http://${host}:${port} (in_flight=${inFlight}, lease=${lease})`);
+	console.log(`payments-api listening on http://${host}:${port} (in_flight=${inFlight}, lease=${lease}, ` +
+		`recovery=${recovery ? 'on' : 'off'})`);
 });
 
 function shutdown() {

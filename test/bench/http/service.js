@@ -28,7 +28,7 @@ import { randomUUID } from 'node:crypto';
 import express from 'express';
 import pg from 'pg';
 
-import { createApp, validateCharge } from '../../../examples/payments-api/app.js';
+import { createApp, hasRecovery, validateCharge } from '../../../examples/payments-api/app.js';
 import { createProvider } from '../../../examples/payments-api/provider.js';
 
 const env = process.env;
@@ -52,7 +52,10 @@ const provider = env.PROVIDER === 'ledger'
 function memoryProvider() {
 	const prefix = `ch_${randomUUID().slice(0, 8)}_`;
 	let n = 0;
-	return { charge: async () => ({ id: `${prefix}${++n}`, created: new Date().toISOString() }) };
+	return {
+		find: async () => null,
+		charge: async () => ({ id: `${prefix}${++n}`, created: new Date().toISOString() }),
+	};
 }
 
 // The statements every contender but ext runs (ext: the example's own).
@@ -131,7 +134,9 @@ async function extApp() {
 	const options = '-c bytea_output=hex';
 	const claimPool = new pg.Pool({ ...poolOptions, options, application_name: 'httpbench ext claims' });
 	const finishPool = new pg.Pool({ ...poolOptions, options, application_name: 'httpbench ext' });
-	return createApp({ claimPool, pool: finishPool, provider, lease: env.LEASE ?? '30 s' });
+	// as server.js: session takeover and checkpoints when the extension has them
+	const recovery = env.RECOVERY === 'off' ? false : await hasRecovery(finishPool);
+	return createApp({ claimPool, pool: finishPool, provider, lease: env.LEASE ?? '30 s', recovery });
 }
 
 async function expidemApp() {
