@@ -9,17 +9,20 @@
 // on 127.0.0.1, on ports from API_PORT_MIN..API_PORT_MAX (default
 // 56600..56699).
 //
-// Run: node --test test/
+// Run: node --test test/*.test.js
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
+import http from 'node:http';
 import net from 'node:net';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import pg from 'pg';
+
+import { postJson } from './client.js';
 
 const APP_DIR = fileURLToPath(new URL('..', import.meta.url));
 const PROVIDER_DELAY_MS = 300;
@@ -320,6 +323,34 @@ test('12 concurrent requests with one key (more than a pool has connections): on
 	assert.equal(await providerCalls(key), 1);
 });
 
+test('12 duplicates at once on 12 open keep-alive connections, both routes: one charge, one order', async () => {
+	const agents = Array.from({ length: 12 }, () => new http.Agent({ keepAlive: true, maxSockets: 1 }));
+	try {
+		// open the connections first
+		await Promise.all(agents.map((agent) => new Promise((resolve, reject) => {
+			http.get(`${waitApi}/problems/request-in-progress`, { agent }, (res) => res.resume().on('end', resolve))
+				.on('error', reject);
+		})));
+		for (const path of ['/charges', '/orders']) {
+			const key = newKey(`keepalive${path.replace('/', '-')}`);
+			const body = { customer: 'cus_lee', amount: 4100, currency: 'EUR' };
+			// on already open connections the 12 reach the server together
+			const rs = await Promise.all(agents.map((agent) => postJson(`${waitApi}${path}`, key, body, { agent })));
+			assert.deepEqual(rs.map((r) => r.status), Array(12).fill(201), path);
+			assert.equal(new Set(rs.map((r) => r.text)).size, 1, 'the same body 12 times');
+			assert.equal(rs.filter((r) => !r.replayed).length, 1, 'one request ran, 11 replayed');
+			if (path === '/charges') {
+				assert.equal(await providerCalls(key), 1);
+				assert.equal((await chargesFor(key)).length, 1);
+			} else {
+				assert.equal((await ordersFor(key)).length, 1);
+			}
+		}
+	} finally {
+		agents.forEach((a) => a.destroy());
+	}
+});
+
 test('in_flight raise: a duplicate of a running request gets 409 at once; after it finished, a replay', async () => {
 	const key = newKey('raise');
 	const body = { customer: 'cus_carol', amount: 700, currency: 'GBP' };
@@ -485,16 +516,16 @@ test('problem types are documented, unknown routes are problems too', async () =
 });
 
 test('in total: one charge per request that succeeded, none for the others', async () => {
-	// timeout-retry 1, burst 1, raise 1, reuse 1, trace 1, limits 3,
-	// invalid-body 1, flaky 1, parallel 2
+	// timeout-retry 1, burst 1, keep-alive 1, raise 1, reuse 1, trace 1,
+	// limits 3, invalid-body 1, flaky 1, parallel 2
 	const { rows } = await db.query('SELECT count(*)::int AS n, count(DISTINCT idempotency_key)::int AS keys FROM charges');
-	assert.deepEqual(rows[0], { n: 12, keys: 12 });
+	assert.deepEqual(rows[0], { n: 13, keys: 13 });
 	const calls = await db.query('SELECT sum(calls)::int AS n FROM provider_charges');
-	assert.equal(calls.rows[0].n, 12, 'the API called the provider once per charge');
+	assert.equal(calls.rows[0].n, 13, 'the API called the provider once per charge');
 	// one completed record per charge, no claim left pending
 	const stats = await db.query(
 		`SELECT pending::int, lapsed::int, completed::int FROM idem_stats WHERE operation = 'payment.charge'`);
-	assert.deepEqual(stats.rows, [{ pending: 0, lapsed: 0, completed: 12 }]);
+	assert.deepEqual(stats.rows, [{ pending: 0, lapsed: 0, completed: 13 }]);
 });
 
 // ------------------------------------------------- in-transaction: /orders
