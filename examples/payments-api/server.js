@@ -56,7 +56,13 @@ const provider = createProvider({
 });
 
 // session takeover and checkpoints when the extension has them (1.4)
-const recovery = env.RECOVERY === 'off' ? false : await hasRecovery(pool);
+let recovery = false;
+try {
+	recovery = env.RECOVERY !== 'off' && await hasRecovery(pool);
+} catch (err) {
+	console.error(`cannot reach the database: ${err.message}`);
+	process.exit(1);
+}
 const app = createApp({ claimPool, pool, provider, inFlight, lease, recovery });
 
 const server = app.listen(port, host, (err) => {
