@@ -1,74 +1,159 @@
-// The payments API: POST /charges with an Idempotency-Key header, on top of
-// the idempotency extension, in the "external call" shape of README, "Two
-// usage shapes":
+// The payments API on top of the idempotency extension, in both shapes of
+// README, "Two usage shapes":
 //
-//   1. idem_begin(...)           autocommit: the claim is committed before
-//                                the provider is called
-//   2. provider.charge(...)      the external call, passing the key on
-//   3. idem_finish(... response) autocommit; or idem_abort() if the
-//                                provider failed: errors are not cached
+// POST /charges, external call (a payment provider):
+//   1. idem_begin(...)                 autocommit: the claim is committed
+//                                      before the provider is called
+//   2. provider.charge(...)            the external call, passing the key on
+//   3. INSERT the charge + idem_finish one statement, so one transaction: the
+//                                      API's record of the charge and the
+//                                      stored response commit together; or
+//                                      idem_abort() if the provider failed:
+//                                      errors are not cached
 //
-// A retry that arrives while step 2 runs waits inside idem_begin (the
+// POST /orders, in-transaction (the effect is the order row itself):
+//   claim + INSERT the order + idem_finish in ONE statement (ORDER_SQL), so in
+//   one transaction and one round trip: a crash anywhere rolls back all
+//   three, and a duplicate waits on the uncommitted claim, then replays.
+//
+// A retry that arrives while a request runs waits inside idem_begin (the
 // default 'wait' policy) and then replays the stored response; with
 // in_flight 'raise' it gets 409 at once.  A completed request is replayed
 // with the identical status, headers and body, plus
 // `Idempotent-Replayed: true`.
 //
-// Connection pools matter here.  A waiting idem_begin occupies its
+// Every statement is a named prepared statement (node-pg's `name`): each
+// connection parses and plans it once.
+//
+// Recovery (the extension's version 1.4 and later: `recovery`, see
+// hasRecovery()).  The claim is made with takeover => 'session' and, in the
+// same statement, a checkpoint saying the provider is about to be called
+// with the key.  If this process dies (kill -9, OOM) its connections close,
+// the claim lapses at once instead of after its lease, and the next
+// attempt's idem_begin answers 'recover' with that checkpoint: the provider
+// may have charged, so the new owner asks the provider for the charge made
+// with the key before charging, and finishes with it.  Against 1.3 the claim
+// is a plain leased one: a retry waits for the lease, then calls the
+// provider again with the same key.
+//
+// Connection pools (external call only).  A waiting idem_begin occupies its
 // connection until the first attempt calls idem_finish or idem_abort, so
 // those two must never queue behind waiters for a connection: claims go
 // through `claimPool`, finish/abort and reads through `pool`.  (With one
 // shared pool, as many concurrent retries as the pool has connections
-// would block the first attempt's idem_finish until its lease ran out.)
+// would block the first attempt's idem_finish until its lease ran out.)  An
+// order's claim and finish are one statement on one connection: `pool`.
 
 import express from 'express';
 
 import { parseIdempotencyKey } from './idempotency-key.js';
-import { PROBLEM_TYPES, Problem, problemFromDbError, sendProblem } from './problems.js';
-import { ProviderError } from './provider.js';
+import { PROBLEM_TYPES, Problem, problemFromDbError, providerProblem, sendProblem } from './problems.js';
 
 export const OPERATION = 'payment.charge';
+export const ORDER_OPERATION = 'order.create';
 const SERIALIZATION_RETRIES = 3;
 
 // The fingerprint covers the fields that make a charge *this* charge, and
 // nothing else: a retry may legitimately carry another description or trace
 // id (README, "API reference").  Its text form must not depend on session
 // settings: amount is an integer and the others are text, so it does not.
-const BEGIN_SQL = `
-	SELECT c.status, c.token, c.response
-	  FROM idem_begin($1, $2,
-	                  idem_fingerprint($3::text, $4::bigint, $5::text),
-	                  in_flight => $6, lease => $7::interval) AS c`;
+const BEGIN = {
+	name: 'charge_begin',
+	text: `SELECT c.status, c.token, c.response
+	         FROM idem_begin($1, $2,
+	                         idem_fingerprint($3::text, $4::bigint, $5::text),
+	                         in_flight => $6, lease => $7::interval) AS c`,
+};
 
-// Store the response, and read back what was stored: the first response is
-// sent from exactly the jsonb a replay will get, so both are identical
-// byte for byte (jsonb orders object keys its own way).
-const FINISH_SQL = `SELECT idem_finish($1, $2, $3, $4::jsonb), $4::jsonb AS response`;
+// Record the charge and store the response in one statement.  It returns
+// what was stored: the first response is sent from exactly the jsonb a
+// replay will get, so both are identical byte for byte (jsonb orders object
+// keys its own way).  If the claim was lost (IK412) the INSERT rolls back
+// with it.
+const FINISH = {
+	name: 'charge_finish',
+	text: `WITH charge AS (
+	         INSERT INTO charges (id, idempotency_key, customer, amount, currency, created_at)
+	         VALUES ($5, $2, $6, $7, $8, $9))
+	       SELECT idem_finish($1, $2, $3, $4::jsonb), $4::jsonb AS response`,
+};
 
-const ABORT_SQL = `SELECT idem_abort($1, $2, $3) AS released`;
+// 1.4: the same, a claim that lapses when its session ends, with its
+// checkpoint written in the claim's own statement (one round trip)
+const BEGIN_RECOVERABLE = {
+	name: 'charge_begin_recoverable',
+	text: `SELECT c.status, c.token, c.response,
+	              CASE WHEN c.status <> 'replay'
+	                   THEN idem_checkpoint($1, $2, c.token, jsonb_build_object('provider_key', $2::text)) END
+	         FROM idem_begin($1, $2,
+	                         idem_fingerprint($3::text, $4::bigint, $5::text),
+	                         in_flight => $6, lease => $7::interval, takeover => 'session') AS c`,
+};
 
-export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease = '30 s', log = console }) {
+const ABORT = { name: 'charge_abort', text: `SELECT idem_abort($1, $2, $3) AS released` };
+
+// Claim, order row and response in one statement.  'new': the order is
+// inserted and its response stored by idem_finish; 'replay': nothing is
+// inserted, the stored response comes back.  Errors (IK409, IK422) abort the
+// whole statement.
+const ORDER = {
+	name: 'order_create',
+	text: `WITH claim AS MATERIALIZED (
+	         SELECT * FROM idem_begin($1, $2,
+	                                  idem_fingerprint($3::text, $4::bigint, $5::text),
+	                                  in_flight => $6)),
+	       new_order AS (
+	         INSERT INTO orders (idempotency_key, customer, amount, currency)
+	         SELECT $2, $3, $4, $5 FROM claim WHERE claim.status = 'new'
+	         RETURNING jsonb_build_object(
+	           'status', 201,
+	           'headers', jsonb_build_object('location', '/orders/ord_' || id),
+	           'body', jsonb_build_object('id', 'ord_' || id, 'object', 'order', 'customer', customer,
+	                                      'amount', amount, 'currency', currency, 'created', created_at))
+	           AS response)
+	       SELECT claim.status,
+	              coalesce(claim.response, new_order.response) AS response,
+	              CASE WHEN claim.status = 'new'
+	                   THEN idem_finish($1, $2, claim.token, new_order.response) END
+	         FROM claim LEFT JOIN new_order ON true`,
+};
+
+const GET_CHARGE = {
+	name: 'charge_get',
+	text: `SELECT id, customer, amount, currency, created_at FROM charges WHERE id = $1`,
+};
+
+// Whether the extension installed in the database has session takeover and
+// checkpoints (version 1.4 and later).
+export async function hasRecovery(pool) {
+	const { rows } = await pool.query(`SELECT to_regproc('idem_checkpoint') IS NOT NULL AS ok`);
+	return rows[0].ok;
+}
+
+export function createApp({
+	claimPool, pool, provider, inFlight = 'wait', lease = '30 s', recovery = false, log = console,
+}) {
+	const beginStatement = recovery ? BEGIN_RECOVERABLE : BEGIN;
 	const app = express();
 	app.disable('x-powered-by');
+	// no ETag: nothing here is cached by validators, and hashing every body
+	// costs CPU
+	app.disable('etag');
 	app.use(express.json({ limit: '16kb' }));
 
 	app.post('/charges', async (req, res) => {
-		const parsed = parseIdempotencyKey(req.get('Idempotency-Key'));
-		if (!parsed.ok) {
-			return sendProblem(res, new Problem(400,
-				parsed.missing ? 'idempotency-key-missing' : 'idempotency-key-malformed', parsed.reason));
+		const request = parseRequest(req, res);
+		if (!request) {
+			return;
 		}
-		const key = parsed.key;
-		const charge = validateCharge(req.body);
-		if (charge.error) {
-			return sendProblem(res, new Problem(400, 'invalid-request', charge.error));
-		}
-		const { customer, amount, currency } = charge;
+		const { key, customer, amount, currency } = request;
 
 		// 1. claim the key
 		let claim;
 		try {
-			claim = await begin(claimPool, [OPERATION, key, customer, amount, currency, inFlight, lease]);
+			claim = await withSerializationRetry(() => claimPool.query({
+				...beginStatement, values: [OPERATION, key, customer, amount, currency, inFlight, lease],
+			}));
 		} catch (err) {
 			return sendProblem(res, dbProblem(err, 'begin', log));
 		}
@@ -76,44 +161,41 @@ export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease 
 			return sendStored(res, claim.response, true);
 		}
 
-		// 2. we hold the key: call the provider, passing the key on
+		// 2. we hold the key: call the provider, passing the key on.  After a
+		// takeover ('recover': an attempt died after its checkpoint) first ask
+		// the provider whether it charged with this key.
 		let result;
 		try {
-			result = await provider.charge({ idempotencyKey: key, customer, amount, currency });
+			if (claim.status === 'recover') {
+				result = await provider.find({ idempotencyKey: key, customer, amount, currency });
+			}
+			result ??= await provider.charge({ idempotencyKey: key, customer, amount, currency });
 		} catch (err) {
 			// errors are not cached: release the claim so a retry runs again
 			try {
-				await pool.query(ABORT_SQL, [OPERATION, key, claim.token]);
+				await pool.query({ ...ABORT, values: [OPERATION, key, claim.token] });
 			} catch (abortErr) {
 				// the lease will release it
 				log.error(`idem_abort failed for key ${JSON.stringify(key)}:`, abortErr.message);
 			}
-			if (!(err instanceof ProviderError)) {
-				log.error('provider call failed:', err);
-			}
-			return sendProblem(res, new Problem(502, 'provider-unavailable',
-				'The payment provider did not confirm the charge; nothing was charged. Retry with the same Idempotency-Key.'));
+			return sendProblem(res, providerProblem(err, log));
 		}
 
-		// 3. store the response; every later request with this key gets it
+		// 3. record the charge and store the response; every later request
+		// with this key gets it
 		const response = {
 			status: 201,
 			headers: { location: `/charges/${result.id}` },
-			body: {
-				id: result.id,
-				object: 'charge',
-				customer,
-				amount,
-				currency,
-				created: result.created,
-			},
+			body: { id: result.id, object: 'charge', customer, amount, currency, created: result.created },
 		};
 		let stored;
 		try {
-			stored = await finish(pool, [OPERATION, key, claim.token, response]);
+			stored = await finish(pool,
+				[OPERATION, key, claim.token, response, result.id, customer, amount, currency, result.created]);
 		} catch (err) {
 			// IK412: our lease lapsed and another attempt took the key over.
-			// The charge was made; say so loudly, the operator must look.
+			// The provider charged; its deduplication by key makes the other
+			// attempt's call return this same charge.  Say so loudly.
 			log.error(`charge ${result.id} made but its response was not stored (key ${JSON.stringify(key)}):`,
 				err.code, err.message);
 			return sendProblem(res, dbProblem(err, 'finish', log));
@@ -121,18 +203,30 @@ export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease 
 		return sendStored(res, stored, false);
 	});
 
+	app.post('/orders', async (req, res) => {
+		const request = parseRequest(req, res);
+		if (!request) {
+			return;
+		}
+		const { key, customer, amount, currency } = request;
+		let row;
+		try {
+			row = await withSerializationRetry(
+				() => pool.query({ ...ORDER, values: [ORDER_OPERATION, key, customer, amount, currency, inFlight] }));
+		} catch (err) {
+			return sendProblem(res, dbProblem(err, 'begin', log));
+		}
+		return sendStored(res, row.response, row.status === 'replay');
+	});
+
 	app.get('/charges/:id', async (req, res) => {
-		const m = /^ch_([1-9][0-9]{0,17})$/.exec(req.params.id);
-		const { rows } = m
-			? await pool.query(
-				`SELECT id, customer, amount, currency, created_at FROM charges WHERE id = $1`, [m[1]])
-			: { rows: [] };
+		const { rows } = await pool.query({ ...GET_CHARGE, values: [req.params.id] });
 		if (rows.length === 0) {
 			return sendProblem(res, new Problem(404, 'not-found', `There is no charge ${req.params.id}.`));
 		}
 		const row = rows[0];
 		res.json({
-			id: `ch_${row.id}`,
+			id: row.id,
 			object: 'charge',
 			customer: row.customer,
 			amount: Number(row.amount),
@@ -170,14 +264,31 @@ export function createApp({ claimPool, pool, provider, inFlight = 'wait', lease 
 	return app;
 }
 
-// idem_begin, retried on 40001 (README, "Errors and HTTP": under REPEATABLE
-// READ the snapshot may not see a concurrent result; the retry replays it).
+// The key and the body of a POST, or null after sending the 400: a
+// malformed request never uses up its key.
+export function parseRequest(req, res) {
+	const parsed = parseIdempotencyKey(req.get('Idempotency-Key'));
+	if (!parsed.ok) {
+		sendProblem(res, new Problem(400,
+			parsed.missing ? 'idempotency-key-missing' : 'idempotency-key-malformed', parsed.reason));
+		return null;
+	}
+	const charge = validateCharge(req.body);
+	if (charge.error) {
+		sendProblem(res, new Problem(400, 'invalid-request', charge.error));
+		return null;
+	}
+	return { key: parsed.key, ...charge };
+}
+
+// Retried on 40001 (README, "Errors and HTTP": under REPEATABLE READ the
+// snapshot may not see a concurrent result; the retry replays it).
 // Autocommit statements run in READ COMMITTED unless the database says
 // otherwise.
-async function begin(claimPool, params) {
+async function withSerializationRetry(run) {
 	for (let attempt = 1; ; attempt++) {
 		try {
-			const { rows } = await claimPool.query(BEGIN_SQL, params);
+			const { rows } = await run();
 			return rows[0];
 		} catch (err) {
 			if (err.code !== '40001' || attempt >= SERIALIZATION_RETRIES) {
@@ -187,13 +298,13 @@ async function begin(claimPool, params) {
 	}
 }
 
-// idem_finish, retried when the database was briefly unreachable: the
-// charge has been made, and a claim left pending would make the next retry
-// wait out the lease and then charge again.
-async function finish(pool, params) {
+// The finishing statement, retried when the database was briefly
+// unreachable: the charge has been made, and a claim left pending would
+// make the next retry wait out the lease and call the provider again.
+async function finish(pool, values) {
 	for (let attempt = 1; ; attempt++) {
 		try {
-			const { rows } = await pool.query(FINISH_SQL, params);
+			const { rows } = await pool.query({ ...FINISH, values });
 			return rows[0].response;
 		} catch (err) {
 			if (!isTransient(err) || attempt >= 5) {
@@ -221,7 +332,7 @@ function dbProblem(err, phase, log) {
 
 // A stored response: {status, headers, body}.  A replay is the same
 // response plus Idempotent-Replayed: true.
-function sendStored(res, stored, replayed) {
+export function sendStored(res, stored, replayed) {
 	for (const [name, value] of Object.entries(stored.headers ?? {})) {
 		res.set(name, value);
 	}
@@ -234,7 +345,7 @@ function sendStored(res, stored, replayed) {
 const CURRENCY = /^[A-Z]{3}$/;
 const MAX_AMOUNT = 99_999_999_999; // minor units
 
-function validateCharge(body) {
+export function validateCharge(body) {
 	if (body === null || typeof body !== 'object' || Array.isArray(body)) {
 		return { error: 'The request body must be a JSON object (Content-Type: application/json).' };
 	}

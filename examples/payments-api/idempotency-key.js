@@ -44,7 +44,8 @@ export function parseIdempotencyKey(headerValue) {
 			missing: value === '',
 			reason: value === ''
 				? 'The Idempotency-Key header is empty.'
-				: 'The Idempotency-Key header must be a quoted string, e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324".',
+				: 'The Idempotency-Key header must be a quoted string, e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324", ' +
+					'or a bare key without spaces, quotes, backslashes, commas or semicolons.',
 		};
 	}
 	if (key.length === 0) {

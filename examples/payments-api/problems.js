@@ -7,16 +7,19 @@
 // problem type is a relative URI that this API serves as plain text, so a
 // client (or a person) can look it up.
 
+import { ProviderError, ProviderTimeoutError } from './provider.js';
+
 export const PROBLEM_TYPES = {
 	'idempotency-key-missing': {
 		title: 'Idempotency-Key is missing',
-		doc: 'POST /charges requires an Idempotency-Key header: a unique string of 1 to 255 ' +
+		doc: 'POST /charges and POST /orders require an Idempotency-Key header: a unique string of 1 to 255 ' +
 			'printable ASCII characters, sent as a quoted string, e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324". ' +
 			'Send the same key when you retry the same request.',
 	},
 	'idempotency-key-malformed': {
 		title: 'Idempotency-Key is malformed',
-		doc: 'The Idempotency-Key header must be one quoted string (RFC 8941 String) of 1 to 255 printable ASCII characters.',
+		doc: 'The Idempotency-Key header must be one quoted string (RFC 8941 String) of 1 to 255 printable ASCII characters, ' +
+			'or the same characters unquoted without spaces, quotes, backslashes, commas or semicolons.',
 	},
 	'idempotency-key-reused': {
 		title: 'Idempotency-Key is already used',
@@ -35,8 +38,14 @@ export const PROBLEM_TYPES = {
 	},
 	'provider-unavailable': {
 		title: 'Payment provider unavailable',
-		doc: 'The payment provider did not confirm the charge. Nothing was stored for the Idempotency-Key: ' +
+		doc: 'The payment provider refused or failed the charge. Nothing was stored for the Idempotency-Key: ' +
 			'retry with the same key.',
+	},
+	'provider-timeout': {
+		title: 'Payment provider timed out',
+		doc: 'The payment provider did not answer in time: the charge may or may not have been made. ' +
+			'Nothing was stored for the Idempotency-Key: retry with the same key. The key is passed on to the ' +
+			'provider, which deduplicates by it, so the retry does not charge twice.',
 	},
 	'not-found': {
 		title: 'Not found',
@@ -82,6 +91,22 @@ export function sendProblem(res, problem) {
 	res.status(problem.status)
 		.type('application/problem+json')
 		.send(JSON.stringify(problem.body()));
+}
+
+// A failed provider call: 504 when it timed out (whether it charged is not
+// known), 502 otherwise.  Either way the claim was released: a retry with
+// the same key calls the provider again, passing the same key.
+export function providerProblem(err, log) {
+	if (err instanceof ProviderTimeoutError) {
+		return new Problem(504, 'provider-timeout',
+			'The payment provider did not answer in time; the charge may or may not have been made. ' +
+			'Retry with the same Idempotency-Key: the provider deduplicates by it.');
+	}
+	if (!(err instanceof ProviderError)) {
+		log.error('provider call failed:', err);
+	}
+	return new Problem(502, 'provider-unavailable',
+		'The payment provider did not confirm the charge. Retry with the same Idempotency-Key.');
 }
 
 // The DETAIL of IK422 is "Stored fingerprint: \x....  Request fingerprint:

@@ -1,21 +1,38 @@
--- Database objects of the payments example.  Run once per database:
+-- The tables of the payments example.  Run once per database, as the role
+-- the service connects as, after a superuser created the extension in that
+-- database (it is untrusted: only a superuser may create it), see README.md:
 --   psql -v ON_ERROR_STOP=1 -f schema.sql
--- (CREATE EXTENSION needs a superuser or the database owner with CREATE
--- rights: the extension is not trusted.)
 
-CREATE EXTENSION IF NOT EXISTS idempotency;
+-- The API's record of each charge the provider made, written in the
+-- statement that stores the request's response (idem_finish).
+CREATE TABLE charges (
+	id				text PRIMARY KEY,		-- the provider's charge id, ch_...
+	idempotency_key	text NOT NULL,
+	customer		text NOT NULL,
+	amount			bigint NOT NULL CHECK (amount > 0),
+	currency		text NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
+	created_at		timestamptz NOT NULL
+);
 
--- The simulated payment provider's ledger: one row per charge it made.
--- provider_key is the Idempotency-Key the API passed on.  It is NOT unique
--- on purpose: a real provider would deduplicate on it, which would hide a
--- double charge made by the API; this one records every call, so the
--- example's test can count charges per key.
-CREATE TABLE IF NOT EXISTS charges (
+-- POST /orders, the in-transaction shape: the order row is the effect.
+CREATE TABLE orders (
 	id				bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-	provider_key	text NOT NULL,
+	idempotency_key	text NOT NULL,
 	customer		text NOT NULL,
 	amount			bigint NOT NULL CHECK (amount > 0),
 	currency		text NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
 	created_at		timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE INDEX IF NOT EXISTS charges_provider_key ON charges (provider_key);
+
+-- The simulated payment provider's ledger (provider.js), which a real
+-- provider keeps on its side: one row per Idempotency-Key it was passed
+-- (it deduplicates by key), with the number of calls that carried the key.
+CREATE TABLE provider_charges (
+	id				bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	provider_key	text NOT NULL UNIQUE,
+	customer		text NOT NULL,
+	amount			bigint NOT NULL CHECK (amount > 0),
+	currency		text NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
+	calls			integer NOT NULL DEFAULT 1,
+	created_at		timestamptz NOT NULL DEFAULT clock_timestamp()
+);

@@ -1,6 +1,7 @@
 // Entry point: `node server.js`.  The database comes from the usual libpq
 // environment (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE); the database
-// needs schema.sql.  Other settings, all optional:
+// needs the extension and schema.sql (README.md).  Other settings, all
+// optional:
 //
 //   PORT=3000 HOST=127.0.0.1     where to listen
 //   IN_FLIGHT=wait|raise         a retry of a running request waits for its
@@ -11,10 +12,13 @@
 //                                before it gets 409 (statement_timeout)
 //   PROVIDER_DELAY_MS=300        the simulated provider's latency
 //   PROVIDER_FLAKY_CUSTOMERS=a,b customers whose first call per key times out
+//   POOL_SIZE=10                 connections of each pool
+//   RECOVERY=off                 no session takeover nor checkpoints even when
+//                                the extension has them (1.4): app.js
 
 import pg from 'pg';
 
-import { createApp } from './app.js';
+import { createApp, hasRecovery } from './app.js';
 import { createProvider } from './provider.js';
 
 const env = process.env;
@@ -30,12 +34,16 @@ if (inFlight !== 'wait' && inFlight !== 'raise') {
 }
 
 // bytea_output = hex: the IK422 DETAIL carries the fingerprints in hex
+// Two pools (app.js): claims, which may wait, apart from the finishing
+// statements, which must never wait behind them.  The orders' one-statement
+// claims run on `pool`: they wait as long as a claim may, too.
 const options = '-c bytea_output=hex';
+const max = Number(env.POOL_SIZE ?? 10);
 const claimPool = new pg.Pool({
-	max: 10, options, application_name: 'payments-api claims', statement_timeout: waitTimeoutMs,
+	max, options, application_name: 'payments-api claims', statement_timeout: waitTimeoutMs,
 });
-const pool = new pg.Pool({ max: 10, options, application_name: 'payments-api' });
-const providerPool = new pg.Pool({ max: 10, application_name: 'simulated provider' });
+const pool = new pg.Pool({ max, options, application_name: 'payments-api', statement_timeout: waitTimeoutMs });
+const providerPool = new pg.Pool({ max, application_name: 'simulated provider' });
 for (const p of [claimPool, pool, providerPool]) {
 	// an idle connection that breaks (server restart) must not kill the process
 	p.on('error', (err) => console.error('idle connection error:', err.message));
@@ -47,14 +55,23 @@ const provider = createProvider({
 	flakyCustomers: (env.PROVIDER_FLAKY_CUSTOMERS ?? '').split(',').filter(Boolean),
 });
 
-const app = createApp({ claimPool, pool, provider, inFlight, lease });
+// session takeover and checkpoints when the extension has them (1.4)
+let recovery = false;
+try {
+	recovery = env.RECOVERY !== 'off' && await hasRecovery(pool);
+} catch (err) {
+	console.error(`cannot reach the database: ${err.message}`);
+	process.exit(1);
+}
+const app = createApp({ claimPool, pool, provider, inFlight, lease, recovery });
 
 const server = app.listen(port, host, (err) => {
 	if (err) {
 		console.error(`cannot listen on ${host}:${port}: ${err.message}`);
 		process.exit(1);
 	}
-	console.log(`payments-api listening on http://${host}:${port} (in_flight=${inFlight}, lease=${lease})`);
+	console.log(`payments-api listening on http://${host}:${port} (in_flight=${inFlight}, lease=${lease}, ` +
+		`recovery=${recovery ? 'on' : 'off'})`);
 });
 
 function shutdown() {

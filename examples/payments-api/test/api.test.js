@@ -3,22 +3,26 @@
 // extension installed.
 //
 // The server comes from the libpq environment (PGHOST, PGPORT, PGUSER,
-// PGPASSWORD); PGDATABASE (default postgres) is only used to create and
+// PGPASSWORD); IDEM_EXTENSION_VERSION picks the extension's version (default:
+// the installed default_version); PGDATABASE (default postgres) is only used to create and
 // finally drop a scratch database for this run.  The API processes listen
 // on 127.0.0.1, on ports from API_PORT_MIN..API_PORT_MAX (default
 // 56600..56699).
 //
-// Run: node --test test/
+// Run: node --test test/*.test.js
 
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
+import http from 'node:http';
 import net from 'node:net';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import pg from 'pg';
+
+import { postJson } from './client.js';
 
 const APP_DIR = fileURLToPath(new URL('..', import.meta.url));
 const PROVIDER_DELAY_MS = 300;
@@ -116,7 +120,7 @@ function spawnApi(port, env) {
 
 // post(base, {key, rawKey, body, timeoutMs}): POST /charges.  key is sent as
 // an RFC 8941 String ("..."), rawKey verbatim; neither: no header.
-async function post(base, { key, rawKey, body, timeoutMs = 15000, headers = {} }) {
+async function post(base, { key, rawKey, body, timeoutMs = 15000, headers = {}, path = '/charges' }) {
 	const h = { 'content-type': 'application/json', ...headers };
 	if (key !== undefined) {
 		h['idempotency-key'] = `"${key.replace(/[\\"]/g, '\\$&')}"`;
@@ -124,7 +128,7 @@ async function post(base, { key, rawKey, body, timeoutMs = 15000, headers = {} }
 		h['idempotency-key'] = rawKey;
 	}
 	const t0 = performance.now();
-	const res = await fetch(`${base}/charges`, {
+	const res = await fetch(`${base}${path}`, {
 		method: 'POST',
 		headers: h,
 		body: typeof body === 'string' ? body : JSON.stringify(body),
@@ -141,9 +145,22 @@ async function post(base, { key, rawKey, body, timeoutMs = 15000, headers = {} }
 	};
 }
 
+// The API's charges for a key; and the provider's calls with the key, which
+// a provider that did not deduplicate by key would each have charged.
 async function chargesFor(key) {
 	const { rows } = await db.query(
-		'SELECT id, customer, amount, currency FROM charges WHERE provider_key = $1 ORDER BY id', [key]);
+		'SELECT id, customer, amount, currency FROM charges WHERE idempotency_key = $1 ORDER BY id', [key]);
+	return rows;
+}
+
+async function providerCalls(key) {
+	const { rows } = await db.query(
+		'SELECT coalesce(sum(calls), 0)::int AS n FROM provider_charges WHERE provider_key = $1', [key]);
+	return rows[0].n;
+}
+
+async function ordersFor(key) {
+	const { rows } = await db.query('SELECT id FROM orders WHERE idempotency_key = $1', [key]);
 	return rows;
 }
 
@@ -218,6 +235,10 @@ before(async () => {
 	await admin.query(`CREATE DATABASE ${DB}`);
 	db = new pg.Client({ database: DB });
 	await db.connect();
+	// as README.md says: a superuser creates the extension, then the tables.
+	// IDEM_EXTENSION_VERSION=1.3 tests the service against an older version.
+	const version = process.env.IDEM_EXTENSION_VERSION;
+	await db.query(`CREATE EXTENSION idempotency${version ? ` VERSION '${version.replace(/'/g, "''")}'` : ''}`);
 	await db.query(await readFile(new URL('../schema.sql', import.meta.url), 'utf8'));
 	[waitApi, raiseApi] = await Promise.all([
 		startApi({}),
@@ -278,7 +299,8 @@ test('a client times out after 50 ms and retries while the first charge runs: on
 
 	const charges = await chargesFor(key);
 	assert.equal(charges.length, 1, 'exactly one charge for the key');
-	assert.equal(`ch_${charges[0].id}`, retry.json.id);
+	assert.equal(charges[0].id, retry.json.id);
+	assert.equal(await providerCalls(key), 1, 'the provider was called once');
 
 	// the Location of the charge resolves
 	const got = await fetch(`${waitApi}${retry.headers.get('location')}`);
@@ -298,6 +320,35 @@ test('12 concurrent requests with one key (more than a pool has connections): on
 	const fresh = responses.filter((r) => r.headers.get('idempotent-replayed') !== 'true');
 	assert.equal(fresh.length, 1, 'one request ran the charge, the other 11 replayed it');
 	assert.equal((await chargesFor(key)).length, 1);
+	assert.equal(await providerCalls(key), 1);
+});
+
+test('12 duplicates at once on 12 open keep-alive connections, both routes: one charge, one order', async () => {
+	const agents = Array.from({ length: 12 }, () => new http.Agent({ keepAlive: true, maxSockets: 1 }));
+	try {
+		// open the connections first
+		await Promise.all(agents.map((agent) => new Promise((resolve, reject) => {
+			http.get(`${waitApi}/problems/request-in-progress`, { agent }, (res) => res.resume().on('end', resolve))
+				.on('error', reject);
+		})));
+		for (const path of ['/charges', '/orders']) {
+			const key = newKey(`keepalive${path.replace('/', '-')}`);
+			const body = { customer: 'cus_lee', amount: 4100, currency: 'EUR' };
+			// on already open connections the 12 reach the server together
+			const rs = await Promise.all(agents.map((agent) => postJson(`${waitApi}${path}`, key, body, { agent })));
+			assert.deepEqual(rs.map((r) => r.status), Array(12).fill(201), path);
+			assert.equal(new Set(rs.map((r) => r.text)).size, 1, 'the same body 12 times');
+			assert.equal(rs.filter((r) => !r.replayed).length, 1, 'one request ran, 11 replayed');
+			if (path === '/charges') {
+				assert.equal(await providerCalls(key), 1);
+				assert.equal((await chargesFor(key)).length, 1);
+			} else {
+				assert.equal((await ordersFor(key)).length, 1);
+			}
+		}
+	} finally {
+		agents.forEach((a) => a.destroy());
+	}
 });
 
 test('in_flight raise: a duplicate of a running request gets 409 at once; after it finished, a replay', async () => {
@@ -425,7 +476,8 @@ test('errors are not cached: the provider times out, the retry charges once', as
 	const key = newKey('flaky');
 	const body = { customer: 'cus_flaky', amount: 4200, currency: 'EUR' };
 	const failed = await post(waitApi, { key, body });
-	assertProblem(failed, 502, 'provider-unavailable');
+	assertProblem(failed, 504, 'provider-timeout');
+	assert.match(failed.json.detail, /may or may not have been made/);
 	assert.equal((await chargesFor(key)).length, 0);
 
 	const retry = await post(waitApi, { key, body });
@@ -434,6 +486,7 @@ test('errors are not cached: the provider times out, the retry charges once', as
 	const replay = await post(waitApi, { key, body });
 	assertSameResponse(replay, retry);
 	assert.equal((await chargesFor(key)).length, 1);
+	assert.equal(await providerCalls(key), 1, 'the call that timed out charged nothing here');
 });
 
 test('a key is not a resource lock: two keys for one customer charge in parallel', async () => {
@@ -463,12 +516,90 @@ test('problem types are documented, unknown routes are problems too', async () =
 });
 
 test('in total: one charge per request that succeeded, none for the others', async () => {
-	// timeout-retry 1, burst 1, raise 1, reuse 1, trace 1, limits 3,
-	// invalid-body 1, flaky 1, parallel 2
-	const { rows } = await db.query('SELECT count(*)::int AS n, count(DISTINCT provider_key)::int AS keys FROM charges');
-	assert.deepEqual(rows[0], { n: 12, keys: 12 });
+	// timeout-retry 1, burst 1, keep-alive 1, raise 1, reuse 1, trace 1,
+	// limits 3, invalid-body 1, flaky 1, parallel 2
+	const { rows } = await db.query('SELECT count(*)::int AS n, count(DISTINCT idempotency_key)::int AS keys FROM charges');
+	assert.deepEqual(rows[0], { n: 13, keys: 13 });
+	const calls = await db.query('SELECT sum(calls)::int AS n FROM provider_charges');
+	assert.equal(calls.rows[0].n, 13, 'the API called the provider once per charge');
 	// one completed record per charge, no claim left pending
 	const stats = await db.query(
 		`SELECT pending::int, lapsed::int, completed::int FROM idem_stats WHERE operation = 'payment.charge'`);
-	assert.deepEqual(stats.rows, [{ pending: 0, lapsed: 0, completed: 12 }]);
+	assert.deepEqual(stats.rows, [{ pending: 0, lapsed: 0, completed: 13 }]);
+});
+
+// ------------------------------------------------- in-transaction: /orders
+
+test('orders, in-transaction: 12 concurrent requests with one key make one order; the other 11 replay it', async () => {
+	const key = newKey('order-burst');
+	const body = { customer: 'cus_ivy', amount: 1200, currency: 'EUR' };
+	const responses = await Promise.all(
+		Array.from({ length: 12 }, () => post(waitApi, { key, body, path: '/orders' })));
+	for (const r of responses) {
+		assert.equal(r.status, 201, r.text);
+		assert.match(r.json.id, /^ord_[0-9]+$/);
+		assert.equal(r.headers.get('location'), `/orders/${r.json.id}`);
+		assertSameResponse(r, responses[0]);
+	}
+	assert.deepEqual(
+		{ object: responses[0].json.object, customer: responses[0].json.customer, amount: responses[0].json.amount },
+		{ object: 'order', customer: 'cus_ivy', amount: 1200 });
+	assert.equal(responses.filter((r) => r.headers.get('idempotent-replayed') !== 'true').length, 1);
+	assert.equal((await ordersFor(key)).length, 1);
+});
+
+test('orders: same key, another amount is a 422; an invalid body is a 400 that does not use up the key', async () => {
+	const key = newKey('order-reuse');
+	const body = { customer: 'cus_jo', amount: 100, currency: 'EUR' };
+	assertProblem(await post(waitApi, { key, body: { ...body, amount: -1 }, path: '/orders' }), 400, 'invalid-request');
+	const first = await post(waitApi, { key, body, path: '/orders' });
+	assert.equal(first.status, 201, first.text);
+	assert.equal(first.headers.get('idempotent-replayed'), null);
+	assertProblem(await post(waitApi, { key, body: { ...body, amount: 5 }, path: '/orders' }), 422, 'idempotency-key-reused');
+	const again = await post(raiseApi, { key, body, path: '/orders' });
+	assert.equal(again.headers.get('idempotent-replayed'), 'true');
+	assertSameResponse(again, first);
+	assert.equal((await ordersFor(key)).length, 1);
+});
+
+// ------------------------------------------- the service killed mid-charge
+
+test('the service is killed (kill -9) mid-charge: one charge; 1.4 recovers at once, 1.3 after the lease', async () => {
+	const { rows } = await db.query(`SELECT to_regproc('idem_checkpoint') IS NOT NULL AS ok`);
+	const recovery = rows[0].ok;
+	const env = { LEASE: '2 s' };
+	const api = await startApi(env);
+	const child = children.at(-1);
+	const key = newKey('killed');
+	const body = { customer: 'cus_kim', amount: 800, currency: 'EUR' };
+	const lost = post(api, { key, body }).catch((err) => err);
+	// the provider has the call (and has charged) and the claim is committed
+	const deadline = performance.now() + 3000;
+	while (await providerCalls(key) === 0) {
+		assert.ok(performance.now() < deadline, 'the provider was called');
+		await sleep(5);
+	}
+	assert.equal(await claimState(key), 'pending');
+	child.kill('SIGKILL');
+	assert.ok((await lost) instanceof Error, 'the killed request got no answer');
+
+	const restarted = await startApi(env);
+	const t0 = performance.now();
+	const retry = await post(restarted, { key, body });
+	assertCharge(retry, body);
+	if (recovery) {
+		// 1.4: the claim lapsed with the killed process's sessions; the retry
+		// got 'recover' with the checkpoint and asked the provider, which had
+		// charged: no second call
+		assert.ok(performance.now() - t0 < 2000, 'the retry was answered within 2 s of the restart');
+		assert.equal(await providerCalls(key), 1);
+	} else {
+		// 1.3: the lease, not the process's death, frees the key; the second
+		// call with the key returned the first charge (the provider dedups)
+		assert.ok(performance.now() - t0 < 5000, 'the retry was answered once the 2 s lease had lapsed');
+		assert.equal(await providerCalls(key), 2);
+	}
+	const charges = await chargesFor(key);
+	assert.equal(charges.length, 1);
+	assert.equal(charges[0].id, retry.json.id);
 });
