@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from datetime import timedelta
+from datetime import timedelta, timezone
 from typing import Any, Dict, Optional
 
 from fastapi import FastAPI, Request
@@ -58,6 +58,14 @@ def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=
     @coordinator.idempotent(operation=OPERATION, fingerprint_params=("customer", "amount", "currency"))
     async def charge(customer: str, amount: int, currency: str, *, idempotency_key: str) -> Dict[str, Any]:
         result = await provider.charge(idempotency_key, customer, amount, currency)
+        # the API's own record of the charge (a retry after a lost finish
+        # gets the same charge from the provider: recorded once)
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO charges (id, idempotency_key, customer, amount, currency, created_at)"
+                " VALUES (%s::text, %s::text, %s::text, %s::bigint, %s::text, %s::timestamptz)"
+                " ON CONFLICT (id) DO NOTHING",
+                (result["id"], idempotency_key, customer, amount, currency, result["created"]))
         return {"status": 201, "headers": {"location": f"/charges/{result['id']}"},
                 "body": {"id": result["id"], "object": "charge", "customer": customer,
                          "amount": amount, "currency": currency, "created": result["created"]}}
@@ -91,24 +99,24 @@ def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=
         except ProviderError:
             # the decorator released the claim: errors are not cached
             return problem(502, "provider-unavailable", "The payment provider did not confirm the "
-                           "charge; nothing was charged. Retry with the same Idempotency-Key.")
+                           "charge. Retry with the same Idempotency-Key: the provider deduplicates "
+                           "by it, so a charge it made is not made twice.")
         except Exception as err:  # noqa: BLE001 -- every other error is a problem document
             return problem_from_error(err)
         return stored_response(outcome.value, outcome.replayed)
 
     @app.get("/charges/{charge_id}")
     async def get_charge(charge_id: str) -> Response:
-        m = re.fullmatch(r"ch_([1-9][0-9]{0,17})", charge_id)
         row = None
-        if m:
+        if re.fullmatch(r"ch_[1-9][0-9]{0,17}", charge_id):
             async with pool.connection() as conn:
                 cur = await conn.execute("SELECT id, customer, amount, currency, created_at FROM charges"
-                                         " WHERE id = %s::bigint", (int(m.group(1)),))
+                                         " WHERE id = %s::text", (charge_id,))
                 row = await cur.fetchone()
         if row is None:
             return problem(404, "not-found", f"There is no charge {charge_id}.")
-        created = row[4].isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        return Response(json_bytes({"id": f"ch_{row[0]}", "object": "charge", "customer": row[1],
+        created = row[4].astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return Response(json_bytes({"id": row[0], "object": "charge", "customer": row[1],
                                     "amount": row[2], "currency": row[3], "created": created}),
                         media_type=JSON)
 

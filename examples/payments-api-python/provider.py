@@ -1,13 +1,16 @@
 """A simulated payment provider: the external call the Idempotency-Key
-protects.  It takes ``delay_ms`` to answer (300 ms, as in README's scenarios),
-then records the charge in the ``charges`` table through its own pool,
-outside any transaction of the API.
+protects.  It records the charge in its ledger, ``provider_charges``
+(``payments-api/schema.sql``), through its own pool, outside any transaction
+of the API.  The charge is made when the call arrives; the answer comes
+``delay_ms`` later (300 ms, as in README's scenarios).
 
-The API passes the Idempotency-Key on.  A real provider deduplicates on it;
-this one, like examples/payments-api/provider.js, records every call, so a
-double charge made by the API shows up as two rows and the test can count
-them.  For ``flaky_customers`` the first call per key fails after the delay
-without charging (a provider timeout): errors must not be cached."""
+The API passes the Idempotency-Key on, and the provider deduplicates by it,
+as real payment providers do (and as ``payments-api/provider.js`` does): a
+second call with the same key returns the first charge and charges nothing.
+Each call is counted (``calls``), so a test sees an API that called twice
+even though the customer was charged once; a call that reuses a key with
+other parameters is refused.  For ``flaky_customers`` the first call per key
+times out without charging: errors must not be cached."""
 
 from __future__ import annotations
 
@@ -17,9 +20,15 @@ from typing import Any, Dict, Iterable, Set
 
 from psycopg_pool import AsyncConnectionPool
 
+CHARGE_SQL = (
+    "INSERT INTO provider_charges AS p (provider_key, customer, amount, currency)"
+    " VALUES (%s::text, %s::text, %s::bigint, %s::text)"
+    " ON CONFLICT (provider_key) DO UPDATE SET calls = p.calls + 1"
+    " RETURNING id, created_at, customer, amount, currency")
+
 
 class ProviderError(Exception):
-    """The provider did not confirm the charge; nothing was charged."""
+    """The provider did not confirm the charge (it may or may not have been made)."""
 
 
 class Provider:
@@ -31,17 +40,18 @@ class Provider:
         self.failed_once: Set[str] = set()
 
     async def charge(self, idempotency_key: str, customer: str, amount: int, currency: str) -> Dict[str, Any]:
-        """Charge; returns ``{"id": "ch_N", "created": ISO time}``.  Raises ProviderError."""
-        await asyncio.sleep(self.delay_ms / 1000)
+        """Charge, or return the charge already made with this key;
+        returns ``{"id": "ch_N", "created": ISO time}``.  Raises ProviderError."""
         if customer in self.flaky and idempotency_key not in self.failed_once:
             self.failed_once.add(idempotency_key)
+            await asyncio.sleep(self.delay_ms / 1000)
             raise ProviderError(f"provider timed out charging {customer}")
         async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "INSERT INTO charges (provider_key, customer, amount, currency)"
-                " VALUES (%s::text, %s::text, %s::bigint, %s::text) RETURNING id, created_at",
-                (idempotency_key, customer, amount, currency))
+            cur = await conn.execute(CHARGE_SQL, (idempotency_key, customer, amount, currency))
             row = await cur.fetchone()
         assert row is not None
+        await asyncio.sleep(self.delay_ms / 1000)
+        if (row[2], row[3], row[4]) != (customer, amount, currency):
+            raise ProviderError(f"provider: key {idempotency_key} was used for another charge")
         created = row[1].astimezone(timezone.utc).isoformat(timespec="milliseconds")
         return {"id": f"ch_{row[0]}", "created": created.replace("+00:00", "Z")}
