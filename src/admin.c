@@ -2,8 +2,12 @@
  *
  * admin.c
  *	  Administration, not granted to PUBLIC: idem_purge(), and the
- *	  durability mode -- idem_set_durability(), idem_durability() and
- *	  idem_set_logged().
+ *	  durability mode -- idem_set_durability(), idem_durability(),
+ *	  idem_set_logged() and the online switch idem_set_durability_online();
+ *	  and what keeps the mode and the records whole where PostgreSQL takes
+ *	  the tables (version 1.4): the mode recorded for pg_dump (idem_mode and
+ *	  its trigger), restored records settled where the mode keeps them, and
+ *	  the guard against publications that would take the tables unasked.
  *
  * The writing ones are SECURITY DEFINER with search_path pinned to
  * pg_catalog in the install script, and name the tables fully qualified,
@@ -15,14 +19,19 @@
  *	none		idem_record and idem_result unlogged; every record in
  *				idem_record.  Crash recovery and fail-over forget them all.
  *	completed	idem_record (claims) unlogged, idem_result (completed
- *				records) logged: a finish moves its record there in the
- *				finishing transaction.  A committed result survives; a
- *				pending claim may be lost.
- *	all			both logged; every record in idem_record.
+ *				records, and claims with a checkpoint) logged: a finish
+ *				moves its record there in the finishing transaction.  A
+ *				committed result survives; a pending claim without a
+ *				checkpoint may be lost.
+ *	all			both logged; records in idem_record (an online switch may
+ *				leave completed ones in idem_result: both are logged).
  *
  * The mode is the tables' persistence, and a switch also moves the
- * completed records to where the new mode keeps them -- in one transaction
- * under ACCESS EXCLUSIVE locks, so claims wait for it and nothing is lost.
+ * completed records to where the new mode keeps them: idem_set_durability
+ * in one transaction under ACCESS EXCLUSIVE locks, so claims wait for it
+ * and nothing is lost; idem_set_durability_online in committed batches,
+ * each record under its key lock, and a short locked step per table whose
+ * persistence changes.
  *
  *-------------------------------------------------------------------------
  */
@@ -599,16 +608,15 @@ idem_admin_init(void)
  * EXCLUSIVE locks, move what the last batches left and give "from" its
  * new persistence -- a rewrite of a table that now holds few records.
  */
+/*
+ * Move records out of table "from" (all, or what must survive a crash) in
+ * committed batches of batch records, until a batch finds none.
+ */
 static void
-drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
+drain(Oid fn_oid, int from, bool all, int64 batch)
 {
 	IdemStore	store;
 	int64		moved;
-	Oid			relid = from == IDEM_RECORDS ? idem_store_relid(fn_oid) :
-		idem_store_result_relid(fn_oid);
-	IdemDurability mode;
-
-	Assert(OidIsValid(relid));
 
 	do
 	{
@@ -619,6 +627,19 @@ drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
 		PopActiveSnapshot();
 		SPI_commit();
 	} while (moved > 0);
+}
+
+static void
+drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
+{
+	IdemStore	store;
+	Oid			relid = from == IDEM_RECORDS ? idem_store_relid(fn_oid) :
+		idem_store_result_relid(fn_oid);
+	IdemDurability mode;
+
+	Assert(OidIsValid(relid));
+
+	drain(fn_oid, from, all, batch);
 
 	run_sql(psprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE",
 					 qualified_name(idem_store_relid(fn_oid)),
@@ -714,20 +735,7 @@ idem_set_durability_online(PG_FUNCTION_ARGS)
 	}
 	/* in mode 'completed', what must survive a crash goes to idem_result */
 	if (target == IDEM_DURABILITY_COMPLETED)
-	{
-		IdemStore	store;
-		int64		moved;
-
-		do
-		{
-			PushActiveSnapshot(GetTransactionSnapshot());
-			idem_store_open(&store, fn_oid, RowExclusiveLock);
-			moved = idem_store_move_batch(&store, IDEM_RECORDS, false, batch);
-			idem_store_close(&store, false);
-			PopActiveSnapshot();
-			SPI_commit();
-		} while (moved > 0);
-	}
+		drain(fn_oid, IDEM_RECORDS, false, batch);
 	SPI_finish();
 	PG_RETURN_VOID();
 }

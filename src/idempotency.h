@@ -8,14 +8,17 @@
  *	  args.c         arguments of the idem_* functions, and the settings
  *	                 that give their defaults
  *	  claim.c        the claim logic: idem_begin / idem_finish / idem_abort /
- *	                 idem_renew
- *	  storage.c      the record tables: look-ups, and writes through the
- *	                 executor
+ *	                 idem_renew / idem_checkpoint
+ *	  storage.c      the record tables: their shape, look-ups, writes through
+ *	                 the executor (each one verified), moves between them
  *	  tokens.c       fencing tokens: epochs and counts
- *	  locks.c        the per-key lock, waiting for a claim and waking waiters
+ *	  locks.c        the per-key lock, waiting for a claim and waking waiters,
+ *	                 the session lock of 'session' claims
  *	  fingerprint.c  idem_fingerprint()
- *	  admin.c        idem_purge() and the durability modes
+ *	  admin.c        idem_purge(), the durability modes and their switches,
+ *	                 the mode in dumps, the publication guard
  *	  stats.c        idem_inspect, idem_stats: the records as a DBA sees them
+ *	                 (idem_monitor, for pg_monitor, is a view in the scripts)
  *	  counters.c     server-wide counters in shared memory
  *	  purge_worker.c the background worker that purges expired records, and
  *	                 its settings

@@ -264,15 +264,13 @@ idem_wait_for_wakeup(const IdemKey *key, int64 holder, TimestampTz until,
 /* This backend's holder number; 0 until its first 'session' claim */
 static int64 my_holder = 0;
 
-/* Wake the backends sleeping on one of this session's claims */
+/* Set the latch of every backend holding a share lock on tag: its sleepers */
 static void
-wake_session_waiters(int64 holder)
+wake_holders(const LOCKTAG *tag)
 {
-	LOCKTAG		tag;
 	VirtualTransactionId *vxid;
 
-	session_locktag(&tag, holder, IDEM_LOCK_CLASS_SESSION_WAITER);
-	for (vxid = GetLockConflicts(&tag, AccessExclusiveLock, NULL);
+	for (vxid = GetLockConflicts(tag, AccessExclusiveLock, NULL);
 		 VirtualTransactionIdIsValid(*vxid); vxid++)
 	{
 		PGPROC	   *proc = IdemVxidGetProc(vxid);
@@ -280,6 +278,16 @@ wake_session_waiters(int64 holder)
 		if (proc != NULL)
 			SetLatch(&proc->procLatch);
 	}
+}
+
+/* Wake the backends sleeping on one of this session's claims */
+static void
+wake_session_waiters(int64 holder)
+{
+	LOCKTAG		tag;
+
+	session_locktag(&tag, holder, IDEM_LOCK_CLASS_SESSION_WAITER);
+	wake_holders(&tag);
 }
 
 /*
@@ -350,15 +358,7 @@ void
 idem_wake_waiters(const IdemKey *key)
 {
 	LOCKTAG		tag;
-	VirtualTransactionId *vxid;
 
 	key_locktag(&tag, key, IDEM_LOCK_CLASS_WAITER);
-	for (vxid = GetLockConflicts(&tag, AccessExclusiveLock, NULL);
-		 VirtualTransactionIdIsValid(*vxid); vxid++)
-	{
-		PGPROC	   *proc = IdemVxidGetProc(vxid);
-
-		if (proc != NULL)
-			SetLatch(&proc->procLatch);
-	}
+	wake_holders(&tag);
 }
