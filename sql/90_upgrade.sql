@@ -65,6 +65,7 @@ CREATE FUNCTION ext_tables() RETURNS SETOF text LANGUAGE sql AS $$
   UNION ALL
   SELECT format('%s constraint %s %s', t.relname, k.conname, pg_get_constraintdef(k.oid))
     FROM t JOIN pg_constraint k ON k.conrelid = t.oid
+   WHERE k.contype <> 'n'    -- PostgreSQL 18 lists NOT NULL as constraints too
   UNION ALL
   SELECT format('%s index %s', t.relname, pg_get_indexdef(i.indexrelid))
     FROM t JOIN pg_index i ON i.indrelid = t.oid

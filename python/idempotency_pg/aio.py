@@ -175,7 +175,7 @@ class AsyncCoordinator:
             if self._own_claim_pool is None:
                 p = self.pool
                 own = AsyncConnectionPool(
-                    p.conninfo, kwargs={**p.kwargs, "autocommit": True},
+                    p.conninfo, kwargs={**(p.kwargs or {}), "autocommit": True},
                     connection_class=p.connection_class, min_size=1,
                     max_size=self._claim_pool_size or p.max_size, timeout=p.timeout,
                     name=f"{p.name}.claims", open=False)

@@ -170,7 +170,7 @@ class Coordinator:
             if self._own_claim_pool is None:
                 p = self.pool
                 own = ConnectionPool(
-                    p.conninfo, kwargs={**p.kwargs, "autocommit": True},
+                    p.conninfo, kwargs={**(p.kwargs or {}), "autocommit": True},
                     connection_class=p.connection_class, min_size=1,
                     max_size=self._claim_pool_size or p.max_size, timeout=p.timeout,
                     name=f"{p.name}.claims", open=False)
