@@ -472,6 +472,9 @@ settle(Oid fn_oid, IdemDurability mode)
 	char	   *records = qualified_name(record_relid);
 	char	   *results = qualified_name(result_relid);
 
+	/* no look-up may read one table before the move and the other after */
+	run_sql(psprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", records, results),
+			0, NULL, NULL, SPI_OK_UTILITY);
 	if (mode == IDEM_DURABILITY_COMPLETED)
 		move_records(records, results, true, true);
 	else

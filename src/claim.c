@@ -260,18 +260,22 @@ claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 	TimestampTz lock_deadline = 0;
 	bytea	   *fingerprint = req->fingerprint;
 	IdemInFlightPolicy policy = req->policy;
+	bool		have_lock;
 
 	*waited_since = 0;
 
 	/*
-	 * A replay needs no key lock: a live completed record that no other
+	 * Usually nobody else is working on the key: take its lock at once and
+	 * decide with one look.  If another call holds the lock, do not queue
+	 * behind it for a replay: a live completed record that no other
 	 * transaction is changing stays as it is until its retention ends (a
 	 * finish, abort or renew of it writes nothing; purges and takeovers
-	 * touch only expired records), so what this look sees is the answer.
-	 * Replays of one key then never queue behind each other.  Anything else
-	 * is decided under the lock, looking again.
+	 * touch only expired records), so a look without the lock answers a
+	 * replay, and replays of one key never queue behind each other.
+	 * Anything else is decided under the lock, looking again.
 	 */
-	if (idem_store_peek(store, key, rec) &&
+	have_lock = idem_try_lock_key(key);
+	if (!have_lock && idem_store_peek(store, key, rec) &&
 		!TransactionIdIsValid(rec->busy_xid) && !IdemRecordIsPending(rec) &&
 		rec->in_snapshot && record_is_live(rec, GetCurrentTimestamp()))
 	{
@@ -290,9 +294,12 @@ claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 
 		/* reset before looking, so that a wake-up after the look counts */
 		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
-
-		idem_lock_key(key);
+		if (!have_lock)
+		{
+			CHECK_FOR_INTERRUPTS();
+			idem_lock_key(key);
+		}
+		have_lock = false;		/* every way out of this iteration unlocks */
 		found = idem_store_fetch(store, key, rec);
 		now = GetCurrentTimestamp();
 
@@ -564,7 +571,16 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 		}
 		if (rec->token != token || !IdemRecordIsPending(rec))
 			break;
-		if (!rec->mine && !locked)
+		/*
+		 * A version of ours needs no key lock -- unless this write moves it
+		 * to idem_result (a finish or checkpoint in mode 'completed'): look-ups
+		 * hold the key lock while they read both tables, and must not see
+		 * a move between the two reads.
+		 */
+		if ((!rec->mine || idem_store_moves(store, rec,
+											action == CLAIM_FINISH ||
+											action == CLAIM_CHECKPOINT)) &&
+			!locked)
 		{
 			idem_lock_key(key);
 			locked = true;

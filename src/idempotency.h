@@ -203,6 +203,8 @@ extern bool idem_store_fetch_claim(IdemStore *store, const IdemKey *key,
 								   int64 token, IdemRecord *rec);
 extern void idem_store_insert(IdemStore *store, const IdemKey *key,
 							  const IdemRecord *rec);
+extern bool idem_store_moves(const IdemStore *store, const IdemRecord *rec,
+							 bool durable);
 extern TM_Result idem_store_update(IdemStore *store, const IdemKey *key,
 								   const IdemRecord *rec);
 extern TM_Result idem_store_delete(IdemStore *store, const IdemKey *key,
@@ -264,6 +266,7 @@ PGDLLEXPORT extern void idem_purge_worker_main(Datum arg);
 /* ---- locks and waiting (locks.c) ---- */
 
 extern void idem_lock_key(const IdemKey *key);
+extern bool idem_try_lock_key(const IdemKey *key);
 extern void idem_lock_key_until_commit(const IdemKey *key);
 extern void idem_unlock_key(const IdemKey *key);
 extern void idem_wait_for_xact(TransactionId xid);

@@ -87,6 +87,16 @@ idem_lock_key(const IdemKey *key)
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
 }
 
+/* The key lock if nobody else holds it; false, without waiting, if not */
+bool
+idem_try_lock_key(const IdemKey *key)
+{
+	LOCKTAG		tag;
+
+	key_locktag(&tag, key, IDEM_LOCK_CLASS_KEY);
+	return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
 /*
  * The key lock, held until the transaction ends: an online durability
  * switch moves a record between the tables under it, so that no look-up

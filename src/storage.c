@@ -574,13 +574,11 @@ fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord *rec)
 }
 
 /*
- * A look-up that another call's write may race with: the first, lock-free
- * look of idem_begin, in the one table where a completed record most
- * likely is, so that a replay descends one index.  It may miss a record:
- * one in the other table, or one a finish moves from idem_record to
- * idem_result meanwhile (the finish of a claim made in its own transaction
- * takes no key lock); the caller then looks again with idem_store_fetch,
- * under the key lock.
+ * A look-up without the key lock, which another call holds: in the one
+ * table where a completed record most likely is, for a replay.  It may
+ * miss a record, one in the other table or one moved between the tables
+ * meanwhile; the caller then looks again with idem_store_fetch, under the
+ * key lock.
  */
 bool
 idem_store_peek(IdemStore *store, const IdemKey *key, IdemRecord *rec)
@@ -608,20 +606,22 @@ results_possible(IdemStore *store)
 }
 
 /*
- * The look-up that decides: idem_record first.  Records move only from
- * idem_record to idem_result while calls run without key locks (a finish
- * in mode 'completed', a checkpoint), deleting and inserting in one
- * transaction: a record missed in idem_record because that transaction
- * committed after this look's read of idem_result would be found there
- * now, and one that is still being moved is found in idem_record, marked
- * by the mover, whom the caller waits for.  (An online mode switch moves
- * records both ways, each under its key lock, which the caller holds.)
- * So a record that exists is found in exactly one of the two places, in
- * every interleaving.
+ * The look-up that decides, made holding the key lock: where a completed
+ * record most likely is first (idem_result in mode 'completed'), then the
+ * other table.  Every write that moves a record between the tables holds
+ * the key lock too (a finish or checkpoint in mode 'completed', an online
+ * mode switch; idem_set_durability and a restore's settling lock the
+ * tables whole), so no move commits between this look's two reads: a
+ * record that exists is found in exactly one of the two places, in every
+ * interleaving.  A move still in progress is found marked by the mover,
+ * whom the caller waits for.
  */
 bool
 idem_store_fetch(IdemStore *store, const IdemKey *key, IdemRecord *rec)
 {
+	if (store->split)
+		return fetch_in(store, IDEM_RESULTS, key, rec) ||
+			fetch_in(store, IDEM_RECORDS, key, rec);
 	if (fetch_in(store, IDEM_RECORDS, key, rec))
 		return true;
 	return results_possible(store) && fetch_in(store, IDEM_RESULTS, key, rec);
@@ -1013,6 +1013,16 @@ home_table(const IdemStore *store, const IdemRecord *rec)
 	if (store->split && (!IdemRecordIsPending(rec) || rec->checkpoint != NULL))
 		return IDEM_RESULTS;
 	return IDEM_RECORDS;
+}
+
+/*
+ * Would writing rec move it to the other table?  durable: the write makes
+ * it completed, or gives it a checkpoint.
+ */
+bool
+idem_store_moves(const IdemStore *store, const IdemRecord *rec, bool durable)
+{
+	return store->split && rec->table == IDEM_RECORDS && durable;
 }
 
 /*
