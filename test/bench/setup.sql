@@ -25,6 +25,13 @@ CREATE UNLOGGED TABLE public.floor_record (
 CREATE UNLOGGED SEQUENCE public.floor_token_seq AS int8 NO CYCLE;
 
 /*
+ * The floor of durability mode 'completed': the claim in the unlogged
+ * floor_record, moved at the finish to this logged table, as the extension
+ * moves it to idem_result.
+ */
+CREATE TABLE public.floor_result (LIKE public.floor_record INCLUDING ALL);
+
+/*
  * Hot key, in-transaction shape: the whole request in one statement (one
  * transaction): claim, a 50 ms action that writes its effect, finish.
  * Duplicates wait on the owner's transaction and replay its response.
