@@ -184,14 +184,24 @@ idem_purge(PG_FUNCTION_ARGS)
  * persistence alone.
  */
 static IdemDurability
-current_durability(Oid record_relid, Oid result_relid)
+current_durability(Oid fn_oid)
 {
+	Oid			record_relid = idem_store_relid(fn_oid);
+	Oid			result_relid = idem_store_result_relid(fn_oid);
 	bool		records_logged = get_rel_persistence(record_relid) == RELPERSISTENCE_PERMANENT;
 
 	if (!records_logged && OidIsValid(result_relid) &&
 		get_rel_persistence(result_relid) == RELPERSISTENCE_PERMANENT)
 		return IDEM_DURABILITY_COMPLETED;
 	return records_logged ? IDEM_DURABILITY_ALL : IDEM_DURABILITY_NONE;
+}
+
+/* Both tables, against every other session, until the transaction ends */
+static void
+lock_tables(const char *records, const char *results)
+{
+	run_sql(psprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", records, results),
+			0, NULL, NULL, SPI_OK_UTILITY);
 }
 
 /*
@@ -304,9 +314,7 @@ switch_tables(Oid fn_oid, IdemDurability mode)
 		const char *from = mode == IDEM_DURABILITY_COMPLETED ? records : results;
 		const char *to = mode == IDEM_DURABILITY_COMPLETED ? results : records;
 
-		run_sql(psprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE",
-						 records, results),
-				0, NULL, NULL, SPI_OK_UTILITY);
+		lock_tables(records, results);
 		move_records(from, to, mode == IDEM_DURABILITY_COMPLETED,
 					 get_attnum(record_relid, "checkpoint") != InvalidAttrNumber);
 		run_sql(psprintf("ALTER TABLE %s SET %s", results,
@@ -396,8 +404,7 @@ Datum
 idem_durability(PG_FUNCTION_ARGS)
 {
 	IdemDurability mode =
-		current_durability(idem_store_relid(fcinfo->flinfo->fn_oid),
-						   idem_store_result_relid(fcinfo->flinfo->fn_oid));
+		current_durability(fcinfo->flinfo->fn_oid);
 
 	PG_RETURN_TEXT_P(cstring_to_text(durability_names[mode]));
 }
@@ -416,8 +423,7 @@ idem_set_logged(PG_FUNCTION_ARGS)
 static void
 switch_to(Oid fn_oid, IdemDurability mode)
 {
-	if (current_durability(idem_store_relid(fn_oid),
-						   idem_store_result_relid(fn_oid)) != mode)
+	if (current_durability(fn_oid) != mode)
 		switch_tables(fn_oid, mode);
 }
 
@@ -473,8 +479,7 @@ settle(Oid fn_oid, IdemDurability mode)
 	char	   *results = qualified_name(result_relid);
 
 	/* no look-up may read one table before the move and the other after */
-	run_sql(psprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE", records, results),
-			0, NULL, NULL, SPI_OK_UTILITY);
+	lock_tables(records, results);
 	if (mode == IDEM_DURABILITY_COMPLETED)
 		move_records(records, results, true, true);
 	else
@@ -498,8 +503,7 @@ idem_settle(PG_FUNCTION_ARGS)
 		elog(ERROR, "idempotency: idem_settle must be a trigger");
 	if (!switching)
 		while_switching(settle, fcinfo->flinfo->fn_oid,
-						current_durability(idem_store_relid(fcinfo->flinfo->fn_oid),
-										   idem_store_result_relid(fcinfo->flinfo->fn_oid)));
+						current_durability(fcinfo->flinfo->fn_oid));
 	return PointerGetDatum(NULL);
 }
 
@@ -644,10 +648,8 @@ drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
 
 	drain(fn_oid, from, all, batch);
 
-	run_sql(psprintf("LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE",
-					 qualified_name(idem_store_relid(fn_oid)),
-					 qualified_name(idem_store_result_relid(fn_oid))),
-			0, NULL, NULL, SPI_OK_UTILITY);
+	lock_tables(qualified_name(idem_store_relid(fn_oid)),
+				qualified_name(idem_store_result_relid(fn_oid)));
 	/* a snapshot taken once we hold the locks sees every finished write */
 	PushActiveSnapshot(GetTransactionSnapshot());
 	idem_store_open(&store, fn_oid, AccessExclusiveLock);
@@ -657,17 +659,8 @@ drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
 					 logged ? "LOGGED" : "UNLOGGED"),
 			0, NULL, NULL, SPI_OK_UTILITY);
 	CacheInvalidateRelcacheByRelid(idem_store_relid(fn_oid));
-	mode = current_durability(idem_store_relid(fn_oid), idem_store_result_relid(fn_oid));
-	switching = true;
-	PG_TRY();
-	{
-		record_mode(fn_oid, mode);
-	}
-	PG_FINALLY();
-	{
-		switching = false;
-	}
-	PG_END_TRY();
+	mode = current_durability(fn_oid);
+	while_switching(record_mode, fn_oid, mode);
 	PopActiveSnapshot();
 	SPI_commit();
 }

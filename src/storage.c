@@ -1135,23 +1135,10 @@ idem_store_move_batch(IdemStore *store, int from, bool all, int64 max_rows)
 			continue;
 		if (!all && IdemRecordIsPending(&rec) && rec.checkpoint == NULL)
 			continue;
-		{
-			RecordWrite w;
-			TM_Result	result;
-
-			write_begin(store, from, &w);
-			result = lock_version(store, &rec, &w);
-			if (result == TM_Ok)
-			{
-				ExecSimpleRelationDelete(w.rri, w.estate, &w.epq, w.oldslot);
-				verify_delete(&w, &key, &w.oldslot->tts_tid);
-			}
-			write_end(&w);
-			if (result != TM_Ok)
-				continue;
-			insert_version(store, to, &key, &rec, NULL);
-			moved++;
-		}
+		if (idem_store_delete(store, &key, &rec) != TM_Ok)
+			continue;
+		insert_version(store, to, &key, &rec, NULL);
+		moved++;
 	}
 
 	index_endscan(scan);
