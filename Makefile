@@ -27,7 +27,7 @@ PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter \
 # creates the extension and the roles, 99_cleanup drops the roles)
 REGRESS = 00_setup 10_claim 20_arguments 30_settings 40_fingerprint \
 	50_lease 60_admin 70_roles 80_batch 85_durability 87_monitoring 90_upgrade \
-	95_recovery 99_cleanup
+	95_recovery 96_writes 99_cleanup
 
 # isolation tester: test/isolation/specs/*.spec against
 # test/isolation/expected/*.out, in this order (00-helpers creates the
@@ -35,7 +35,7 @@ REGRESS = 00_setup 10_claim 20_arguments 30_settings 40_fingerprint \
 ISOLATION = 00-helpers dup-committed dup-uncommitted fingerprint-mismatch \
 	inspect-uncommitted lease-renew lease-takeover relcache-inval repeatable-read \
 	role-namespace same-transaction sleep-vs-vacuum-full wait-cancel \
-	checkpoint-takeover finish-moves-record remember
+	checkpoint-takeover finish-moves-record remember writer-new-index
 ISOLATION_OPTS = --inputdir=test/isolation
 
 # TAP: test/t/*.pl

@@ -392,8 +392,10 @@ ALTER TABLE idem_record ADD PRIMARY KEY (role_id, operation, key, token);
 SELECT status FROM idem_begin('recovery', 'x2', NULL);
 \echo :SQLSTATE
 ROLLBACK;
--- The same for idem_result, which every call may read.
+-- The same for idem_result, which every call reads in mode 'completed' (in
+-- the other modes, once it has held a row).
 BEGIN;
+SELECT idem_set_durability('completed');
 ALTER TABLE idem_result DROP COLUMN forget_at;
 SELECT status FROM idem_begin('recovery', 'x2', NULL);
 \echo :SQLSTATE

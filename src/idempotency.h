@@ -11,6 +11,7 @@
  *	                 idem_renew / idem_checkpoint
  *	  storage.c      the record tables: their shape, look-ups, writes through
  *	                 the executor (each one verified), moves between them
+ *	  writer.c       the executor state of those writes, kept per transaction
  *	  tokens.c       fencing tokens: epochs and counts
  *	  locks.c        the per-key lock, waiting for a claim and waking waiters,
  *	                 the session lock of 'session' claims
@@ -36,7 +37,9 @@
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 #include "storage/lockdefs.h"
+#include "nodes/execnodes.h"
 #include "utils/relcache.h"
+#include "utils/resowner.h"
 
 /* SQLSTATEs of contract 1.0 (the standard ones come from errcodes.h) */
 #define ERRCODE_IDEMPOTENCY_IN_PROGRESS		MAKE_SQLSTATE('I','K','4','0','9')
@@ -220,6 +223,30 @@ extern Oid	idem_store_member(IdemStore *store, const char *name);
 extern int64 idem_store_move_batch(IdemStore *store, int from, bool all,
 								   int64 max_rows);
 extern void idem_store_init(void);
+
+/* ---- the executor state of writes (writer.c) ---- */
+
+typedef struct IdemWriter
+{
+	Oid			relid;			/* the table written */
+	Relation	heap;
+	LocalTransactionId lxid;	/* the transaction it belongs to */
+	ResourceOwner owner;		/* its references; NULL: used for one write */
+	EState	   *estate;
+	ResultRelInfo *rri;			/* the table, with all its indexes open */
+	EPQState	epq;
+	TupleTableSlot *slot;		/* the new version */
+	TupleTableSlot *oldslot;	/* the version replaced or deleted */
+	ExprState **defaults;		/* per column, prepared when first needed */
+	bool		writing;		/* between idem_writer_begin and _end */
+	bool		stale;			/* the table or an index changed since */
+	bool		in_doubt;		/* a write failed part-way */
+} IdemWriter;
+
+extern IdemWriter *idem_writer_begin(Relation heap, int table);
+extern void idem_writer_end(IdemWriter *w);
+extern Datum idem_writer_default(IdemWriter *w, AttrNumber att, bool *isnull);
+extern void idem_writer_init(void);
 
 /* ---- fencing tokens (tokens.c) ---- */
 

@@ -18,7 +18,9 @@
  * writes a table (ExecOpenIndices, ExecSimpleRelationInsert/Update/Delete):
  * every index the catalog marks ready -- one a DBA added, one REINDEX
  * CONCURRENTLY is building -- constraints, and row triggers (pg_repack's
- * log trigger among them) see every write, as they would an INSERT.
+ * log trigger among them) see every write, as they would an INSERT.  The
+ * executor state is built by the transaction's first write to a table and
+ * kept for its later ones (writer.c).
  *
  * A rewrite of the table (VACUUM FULL, CLUSTER, SET LOGGED, SET TABLESPACE)
  * moves every row, so a physical location is good only while the table is
@@ -78,6 +80,7 @@ static Oid	record_relid = InvalidOid;
 static Oid	result_relid = InvalidOid;	/* InvalidOid before version 1.3 */
 static Oid	token_seqid = InvalidOid;
 static Oid	epoch_seqid = InvalidOid;	/* InvalidOid before version 1.2 */
+static char result_persistence = 0; /* idem_result's; 0: not looked up */
 
 /*
  * Each table's shape (see check_shape), kept while its relcache entry is:
@@ -91,8 +94,11 @@ forget_relids(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == record_relid ||
 		relid == result_relid || relid == token_seqid || relid == epoch_seqid)
+	{
 		extension_oid = record_relid = result_relid = token_seqid =
 			epoch_seqid = InvalidOid;
+		result_persistence = 0;
+	}
 	for (int t = 0; t < IDEM_NUM_TABLES; t++)
 		if (relid == InvalidOid || relid == shape_relid[t])
 			shape_relid[t] = InvalidOid;
@@ -299,18 +305,17 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 	shape->pkey = RelationGetRelid(pkey);
 }
 
-/* Open one table of the store and its primary key, and learn its shape */
+/*
+ * Open one table of the store.  An unlogged table has no data on a
+ * standby: a look there (idem_inspect, idem_stats) reads what the standby
+ * has -- completed records in a logged idem_result -- and
+ * idem_store_note_hidden says what it cannot see.
+ */
 static void
-open_table(IdemStore *store, int table, Oid relid)
+open_heap(IdemStore *store, int table, Oid relid)
 {
 	Relation	heap = table_open(relid, store->lockmode);
-	Oid			pkey;
 
-	/*
-	 * An unlogged table has no data on a standby.  A look there (idem_inspect,
-	 * idem_stats) reads what the standby has -- completed records in a logged
-	 * idem_result -- and idem_store_note_hidden says what it cannot see.
-	 */
 	if (heap->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
 		RecoveryInProgress())
 	{
@@ -324,8 +329,17 @@ open_table(IdemStore *store, int table, Oid relid)
 		store->hidden[table] = true;
 		return;
 	}
-
 	store->heap[table] = heap;
+}
+
+/* Open the primary key of an open table, and learn the table's shape */
+static void
+open_index(IdemStore *store, int table)
+{
+	Relation	heap = store->heap[table];
+	Oid			relid = RelationGetRelid(heap);
+	Oid			pkey;
+
 	if (shape_relid[table] == relid)
 	{
 		store->index[table] = index_open(shape_cache[table].pkey, store->lockmode);
@@ -343,6 +357,30 @@ open_table(IdemStore *store, int table, Oid relid)
 	/* opening the index may have processed an invalidation of the table */
 	shape_cache[table] = store->shape[table];
 	shape_relid[table] = relid;
+}
+
+static void
+open_table(IdemStore *store, int table, Oid relid)
+{
+	open_heap(store, table, relid);
+	if (store->heap[table] != NULL)
+		open_index(store, table);
+}
+
+/*
+ * Is idem_result logged?  Kept with the OIDs, which an invalidation of
+ * idem_result forgets, and asked once our lock on idem_record has let any
+ * committed switch's invalidations in (the OIDs are then still valid only
+ * if none of them concerned our tables).
+ */
+static bool
+result_is_logged(Oid resultid)
+{
+	if (!OidIsValid(record_relid) || resultid != result_relid)
+		return get_rel_persistence(resultid) == RELPERSISTENCE_PERMANENT;
+	if (result_persistence == 0)
+		result_persistence = get_rel_persistence(resultid);
+	return result_persistence == RELPERSISTENCE_PERMANENT;
 }
 
 /*
@@ -390,7 +428,7 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	store->split = OidIsValid(resultid) &&
 		(store->hidden[IDEM_RECORDS] ||
 		 store->heap[IDEM_RECORDS]->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED) &&
-		get_rel_persistence(resultid) == RELPERSISTENCE_PERMANENT;
+		result_is_logged(resultid);
 }
 
 /*
@@ -401,9 +439,12 @@ static void
 need_table(IdemStore *store, int table)
 {
 	Assert(table < store->ntables);
-	if (table == IDEM_RESULTS && store->heap[IDEM_RESULTS] == NULL &&
-		!store->hidden[IDEM_RESULTS])
-		open_table(store, IDEM_RESULTS, store->result_relid);
+	if (table != IDEM_RESULTS || store->hidden[IDEM_RESULTS])
+		return;
+	if (store->heap[IDEM_RESULTS] == NULL)
+		open_heap(store, IDEM_RESULTS, store->result_relid);
+	if (store->heap[IDEM_RESULTS] != NULL && store->index[IDEM_RESULTS] == NULL)
+		open_index(store, IDEM_RESULTS);
 }
 
 /*
@@ -436,7 +477,8 @@ idem_store_close(IdemStore *store, bool release)
 	{
 		if (store->heap[t] == NULL)
 			continue;
-		index_close(store->index[t], mode);
+		if (store->index[t] != NULL)
+			index_close(store->index[t], mode);
 		table_close(store->heap[t], mode);
 	}
 }
@@ -600,7 +642,9 @@ results_possible(IdemStore *store)
 		return false;
 	if (store->split)
 		return true;
-	need_table(store, IDEM_RESULTS);
+	/* the size first: an empty table's index need not be opened */
+	if (store->heap[IDEM_RESULTS] == NULL && !store->hidden[IDEM_RESULTS])
+		open_heap(store, IDEM_RESULTS, store->result_relid);
 	return store->heap[IDEM_RESULTS] != NULL &&
 		RelationGetNumberOfBlocks(store->heap[IDEM_RESULTS]) > 0;
 }
@@ -701,17 +745,15 @@ idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
 /* ---- writes ---- */
 
 /*
- * One write through the executor: the table as the result relation of a
- * one-entry range table, all of its indexes open, AFTER triggers collected
- * for this write and fired when it is done.
+ * One write through the executor (writer.c): the table as the result
+ * relation, all of its indexes open, AFTER triggers collected for this
+ * write and fired when it is done.
  */
 typedef struct RecordWrite
 {
 	IdemStore  *store;
 	int			table;
-	EState	   *estate;
-	ResultRelInfo *rri;
-	EPQState	epq;
+	IdemWriter *wr;
 	TupleTableSlot *slot;		/* the new version */
 	TupleTableSlot *oldslot;	/* the version replaced or deleted */
 	Datum		expected[IDEM_NUM_COLUMNS];	/* what the new version must hold */
@@ -721,51 +763,19 @@ typedef struct RecordWrite
 static void
 write_begin(IdemStore *store, int table, RecordWrite *w)
 {
-	Relation	heap = store->heap[table];
-	RangeTblEntry *rte = makeNode(RangeTblEntry);
-
 	Assert(store->lockmode >= RowExclusiveLock);
 
 	w->store = store;
 	w->table = table;
-	w->estate = CreateExecutorState();
-	rte->rtekind = RTE_RELATION;
-	rte->relid = RelationGetRelid(heap);
-	rte->relkind = heap->rd_rel->relkind;
-	rte->rellockmode = RowExclusiveLock;
-	idem_init_range_table(w->estate, rte);
-
-	w->rri = makeNode(ResultRelInfo);
-	InitResultRelInfo(w->rri, heap, 1, NULL, 0);
-	/* so that AFTER triggers find it, and ExecCloseResultRelations closes it */
-	w->estate->es_opened_result_relations =
-		lappend(w->estate->es_opened_result_relations, w->rri);
-	w->estate->es_output_cid = GetCurrentCommandId(true);
-	ExecOpenIndices(w->rri, false);
-	idem_epq_init(&w->epq, w->estate);
-
-	w->slot = table_slot_create(heap, &w->estate->es_tupleTable);
-	w->oldslot = table_slot_create(heap, &w->estate->es_tupleTable);
-
-	AfterTriggerBeginQuery();
+	w->wr = idem_writer_begin(store->heap[table], table);
+	w->slot = w->wr->slot;
+	w->oldslot = w->wr->oldslot;
 }
 
-/*
- * Fire the AFTER row triggers, release the executor state, and make the
- * write visible to the rest of the statement: a later call in the same
- * SELECT -- idem_finish on a claim idem_begin made in it -- must see it.
- */
 static void
 write_end(RecordWrite *w)
 {
-	AfterTriggerEndQuery(w->estate);
-	EvalPlanQualEnd(&w->epq);
-	/* our indexes, and relations the triggers opened */
-	ExecCloseResultRelations(w->estate);
-	ExecCloseRangeTableRelations(w->estate);
-	ExecResetTupleTable(w->estate->es_tupleTable, false);
-	FreeExecutorState(w->estate);
-	CommandCounterIncrement();
+	idem_writer_end(w->wr);
 }
 
 /*
@@ -790,7 +800,6 @@ fill_other_columns(RecordWrite *w, TupleTableSlot *oldslot)
 	for (int i = 0; i < desc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
-		Node	   *expr;
 
 		if (ours[att->attnum] || att->attisdropped || att->attgenerated)
 			continue;
@@ -800,15 +809,8 @@ fill_other_columns(RecordWrite *w, TupleTableSlot *oldslot)
 			w->slot->tts_isnull[i] = oldslot->tts_isnull[i];
 			continue;
 		}
-		expr = build_column_default(heap, att->attnum);
-		if (expr != NULL)
-		{
-			ExprState  *state = ExecPrepareExpr((Expr *) expr, w->estate);
-
-			w->slot->tts_values[i] =
-				ExecEvalExprSwitchContext(state, GetPerTupleExprContext(w->estate),
-										  &w->slot->tts_isnull[i]);
-		}
+		w->slot->tts_values[i] = idem_writer_default(w->wr, att->attnum,
+													 &w->slot->tts_isnull[i]);
 	}
 }
 
@@ -929,7 +931,7 @@ verify_delete(RecordWrite *w, const IdemKey *key, ItemPointer tid)
 {
 	ItemPointerData t = *tid;
 
-	if (w->rri->ri_TrigDesc == NULL || !w->rri->ri_TrigDesc->trig_delete_before_row)
+	if (w->wr->rri->ri_TrigDesc == NULL || !w->wr->rri->ri_TrigDesc->trig_delete_before_row)
 		return;
 	if (table_tuple_fetch_row_version(w->store->heap[w->table], &t, SnapshotSelf,
 									  w->slot))
@@ -944,9 +946,9 @@ insert_version(IdemStore *store, int table, const IdemKey *key,
 
 	write_begin(store, table, &w);
 	fill_slot(&w, key, rec, NULL);
-	ExecSimpleRelationInsert(w.rri, w.estate, w.slot);
-	verify_write(&w, key, w.rri->ri_TrigDesc != NULL &&
-				 w.rri->ri_TrigDesc->trig_insert_before_row);
+	ExecSimpleRelationInsert(w.wr->rri, w.wr->estate, w.slot);
+	verify_write(&w, key, w.wr->rri->ri_TrigDesc != NULL &&
+				 w.wr->rri->ri_TrigDesc->trig_insert_before_row);
 	if (tid != NULL)
 		*tid = w.slot->tts_tid;
 	write_end(&w);
@@ -1046,13 +1048,13 @@ idem_store_update(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 	if (result == TM_Ok && to == rec->table)
 	{
 		fill_slot(&w, key, rec, w.oldslot);
-		ExecSimpleRelationUpdate(w.rri, w.estate, &w.epq, w.oldslot, w.slot);
-		verify_write(&w, key, w.rri->ri_TrigDesc != NULL &&
-					 w.rri->ri_TrigDesc->trig_update_before_row);
+		ExecSimpleRelationUpdate(w.wr->rri, w.wr->estate, &w.wr->epq, w.oldslot, w.slot);
+		verify_write(&w, key, w.wr->rri->ri_TrigDesc != NULL &&
+					 w.wr->rri->ri_TrigDesc->trig_update_before_row);
 	}
 	else if (result == TM_Ok)
 	{
-		ExecSimpleRelationDelete(w.rri, w.estate, &w.epq, w.oldslot);
+		ExecSimpleRelationDelete(w.wr->rri, w.wr->estate, &w.wr->epq, w.oldslot);
 		verify_delete(&w, key, &w.oldslot->tts_tid);
 	}
 	write_end(&w);
@@ -1075,7 +1077,7 @@ idem_store_delete(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 	result = lock_version(store, rec, &w);
 	if (result == TM_Ok)
 	{
-		ExecSimpleRelationDelete(w.rri, w.estate, &w.epq, w.oldslot);
+		ExecSimpleRelationDelete(w.wr->rri, w.wr->estate, &w.wr->epq, w.oldslot);
 		verify_delete(&w, key, &w.oldslot->tts_tid);
 	}
 	write_end(&w);

@@ -1,0 +1,380 @@
+/*-------------------------------------------------------------------------
+ *
+ * writer.c
+ *	  The executor state a write of a record table goes through, kept for
+ *	  the rest of the transaction.
+ *
+ * A write goes through the executor (storage.c): the table as the result
+ * relation of an executor state, all of its indexes open.  Building that
+ * state -- the range table, the ResultRelInfo, each index opened and its
+ * IndexInfo built, the tuple slots -- costs as much as the write itself
+ * when the table has one index, and a new key writes twice (the claim, the
+ * finish).  So the first write of a transaction to a table builds it, and
+ * the later writes of the transaction to that table use it again.
+ *
+ * It is rebuilt, never trusted, when anything it was built from may have
+ * changed: an invalidation of the table or of one of its indexes (an index
+ * or trigger added or dropped, ALTER TABLE, a rewrite) marks it stale, and
+ * the next write builds it anew.  Within a transaction that is enough: the
+ * table stays locked from the first write, so only this transaction itself
+ * can change it, and its own changes invalidate at once; another session's
+ * CREATE INDEX CONCURRENTLY waits for this transaction before it relies on
+ * the new index being filled, as it waits for any writer.
+ *
+ * The kept state holds references to the table and its indexes, in a
+ * resource owner of its own under the transaction's.  ALTER TABLE, DROP,
+ * TRUNCATE, CREATE INDEX and the like refuse a table this session still
+ * references, so every utility statement first lets the kept state go (the
+ * ProcessUtility hook), and the transaction's end releases it.  A write
+ * that fails part-way leaves the state in doubt (a slot may name a buffer
+ * pin the abort released): it is dropped without being used again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/table.h"
+#include "access/xact.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
+#include "nodes/makefuncs.h"
+#include "rewrite/rewriteHandler.h"
+#include "storage/proc.h"
+#include "tcop/utility.h"
+#include "utils/inval.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/resowner.h"
+
+#include "idempotency.h"
+#include "pg_compat.h"
+
+/* One kept state per record table (IDEM_RECORDS, IDEM_RESULTS) */
+static IdemWriter *kept[IDEM_NUM_TABLES];
+
+static ProcessUtility_hook_type prev_process_utility = NULL;
+
+/*
+ * Build the executor state for writing heap (locked by the caller in
+ * RowExclusiveLock or stronger).  owner: where the references it takes are
+ * remembered, or NULL for the current resource owner (a state used once).
+ */
+static IdemWriter *
+build(Relation heap, ResourceOwner owner, MemoryContext cxt)
+{
+	ResourceOwner save_owner = CurrentResourceOwner;
+	MemoryContext save_cxt = MemoryContextSwitchTo(cxt);
+	IdemWriter *w;
+	RangeTblEntry *rte;
+
+	if (owner != NULL)
+		CurrentResourceOwner = owner;
+	PG_TRY();
+	{
+		w = palloc0(sizeof(IdemWriter));
+		w->owner = owner;
+		w->lxid = idem_my_lxid();
+		w->relid = RelationGetRelid(heap);
+		w->estate = CreateExecutorState();
+		MemoryContextSwitchTo(w->estate->es_query_cxt);
+		if (owner != NULL)
+			MemoryContextSetIdentifier(w->estate->es_query_cxt,
+									   pstrdup(RelationGetRelationName(heap)));
+
+		/* the table: kept at hand by our own reference while we keep it */
+		w->heap = heap;
+		if (owner != NULL)
+			RelationIncrementReferenceCount(heap);
+
+		rte = makeNode(RangeTblEntry);
+		rte->rtekind = RTE_RELATION;
+		rte->relid = RelationGetRelid(heap);
+		rte->relkind = heap->rd_rel->relkind;
+		rte->rellockmode = RowExclusiveLock;
+		idem_init_range_table(w->estate, rte);
+
+		w->rri = makeNode(ResultRelInfo);
+		InitResultRelInfo(w->rri, heap, 1, NULL, 0);
+		/* so that AFTER triggers find it */
+		w->estate->es_opened_result_relations =
+			lappend(w->estate->es_opened_result_relations, w->rri);
+		ExecOpenIndices(w->rri, false);
+		idem_epq_init(&w->epq, w->estate);
+
+		w->slot = table_slot_create(heap, &w->estate->es_tupleTable);
+		w->oldslot = table_slot_create(heap, &w->estate->es_tupleTable);
+
+		/*
+		 * The slots triggers are given, which the executor would make at
+		 * their first use: a slot holds a reference to the table's tuple
+		 * descriptor, and it must be owned by the state's owner, not by
+		 * the call that happens to fire a trigger first.
+		 */
+		if (w->rri->ri_TrigDesc != NULL)
+		{
+			(void) ExecGetTriggerOldSlot(w->estate, w->rri);
+			(void) ExecGetTriggerNewSlot(w->estate, w->rri);
+		}
+		w->defaults = palloc0(RelationGetDescr(heap)->natts * sizeof(ExprState *));
+	}
+	PG_FINALLY();
+	{
+		CurrentResourceOwner = save_owner;
+		MemoryContextSwitchTo(save_cxt);
+	}
+	PG_END_TRY();
+	return w;
+}
+
+/*
+ * Let a kept state go.  Its references are released with its resource
+ * owner, quietly (as an abort releases them): after a failed write they
+ * may be all that is left of it, and are not leaks.  The index locks it
+ * took pass to the transaction, which holds them to its end, as it would
+ * after an INSERT.
+ */
+static void
+release(IdemWriter *w)
+{
+	ResourceOwner owner = w->owner;
+
+	FreeExecutorState(w->estate);
+	ResourceOwnerRelease(owner, RESOURCE_RELEASE_BEFORE_LOCKS, false, false);
+	ResourceOwnerRelease(owner, RESOURCE_RELEASE_LOCKS, true, false);
+	ResourceOwnerRelease(owner, RESOURCE_RELEASE_AFTER_LOCKS, false, false);
+	ResourceOwnerDelete(owner);
+}
+
+/* Let go of every kept state that is not in the middle of a write */
+static void
+release_idle(void)
+{
+	for (int t = 0; t < IDEM_NUM_TABLES; t++)
+		if (kept[t] != NULL && !kept[t]->writing)
+		{
+			IdemWriter *w = kept[t];
+
+			kept[t] = NULL;
+			release(w);
+		}
+}
+
+/*
+ * The executor state to write heap, table number table of the store, with
+ * es_output_cid set for this write and the AFTER trigger queue opened.
+ * Every idem_writer_begin is paired with an idem_writer_end.
+ */
+IdemWriter *
+idem_writer_begin(Relation heap, int table)
+{
+	IdemWriter *w = kept[table];
+
+	if (w != NULL &&
+		(w->stale || w->in_doubt || w->lxid != idem_my_lxid() ||
+		 w->heap != heap || w->relid != RelationGetRelid(heap)))
+	{
+		if (!w->writing)
+		{
+			kept[table] = NULL;
+			release(w);
+		}
+		w = NULL;
+	}
+
+	if (w == NULL || w->writing)
+	{
+		if (kept[table] == NULL)
+		{
+			/* keep it for the rest of the transaction */
+			ResourceOwner owner = ResourceOwnerCreate(TopTransactionResourceOwner,
+													  "idempotency writer");
+
+			w = build(heap, owner, TopTransactionContext);
+			kept[table] = w;
+		}
+		else
+		{
+			/*
+			 * A write from within a write to the same table (a trigger on
+			 * it calling the idem_* functions): a state of its own, for
+			 * this write only.
+			 */
+			w = build(heap, NULL, CurrentMemoryContext);
+		}
+	}
+
+	w->writing = true;
+	w->estate->es_output_cid = GetCurrentCommandId(true);
+	if (w->rri->ri_TrigDesc != NULL)
+		AfterTriggerBeginQuery();
+	return w;
+}
+
+/*
+ * Fire the AFTER row triggers, and make the write visible to the rest of
+ * the statement: a later call in the same SELECT -- idem_finish on a claim
+ * idem_begin made in it -- must see it.  A kept state is cleared for the
+ * next write; one built for this write alone is released.
+ */
+void
+idem_writer_end(IdemWriter *w)
+{
+	EState	   *estate = w->estate;
+	ListCell   *lc;
+
+	if (w->rri->ri_TrigDesc != NULL)
+		AfterTriggerEndQuery(estate);
+	EvalPlanQualEnd(&w->epq);
+
+	/* relations the AFTER triggers opened, under this call's owner */
+	foreach(lc, estate->es_trig_target_relations)
+		table_close(((ResultRelInfo *) lfirst(lc))->ri_RelationDesc, NoLock);
+	estate->es_trig_target_relations = NIL;
+
+	ExecClearTuple(w->slot);
+	ExecClearTuple(w->oldslot);
+	ResetPerTupleExprContext(estate);
+
+	if (w->owner == NULL)
+	{
+		ExecCloseResultRelations(estate);
+		ExecResetTupleTable(estate->es_tupleTable, false);
+		FreeExecutorState(estate);
+	}
+	else
+		w->writing = false;
+	CommandCounterIncrement();
+}
+
+/*
+ * The default of column att (a column of the DBA's), as an INSERT that
+ * does not name it would give it; NULL when it has none.  The expression
+ * is prepared once per state.
+ */
+Datum
+idem_writer_default(IdemWriter *w, AttrNumber att, bool *isnull)
+{
+	ExprState  *state = w->defaults[att - 1];
+
+	if (state == NULL)
+	{
+		Node	   *expr = build_column_default(w->heap, att);
+
+		if (expr == NULL)
+		{
+			*isnull = true;
+			return (Datum) 0;
+		}
+		state = ExecPrepareExpr((Expr *) expr, w->estate);
+		w->defaults[att - 1] = state;
+	}
+	return ExecEvalExprSwitchContext(state, GetPerTupleExprContext(w->estate),
+									 isnull);
+}
+
+/* ---- when a kept state must go ---- */
+
+/* The table or one of its indexes changed: build anew at the next write */
+static void
+writer_relcache_inval(Datum arg, Oid relid)
+{
+	for (int t = 0; t < IDEM_NUM_TABLES; t++)
+	{
+		IdemWriter *w = kept[t];
+
+		if (w == NULL)
+			continue;
+		if (relid == InvalidOid || relid == w->relid)
+			w->stale = true;
+		for (int i = 0; i < w->rri->ri_NumIndices && !w->stale; i++)
+			if (RelationGetRelid(w->rri->ri_IndexRelationDescs[i]) == relid)
+				w->stale = true;
+	}
+}
+
+static void
+writer_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PARALLEL_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			for (int t = 0; t < IDEM_NUM_TABLES; t++)
+				if (kept[t] != NULL)
+				{
+					IdemWriter *w = kept[t];
+
+					kept[t] = NULL;
+					release(w);
+				}
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			/* the abort releases the owners and frees the memory */
+			memset(kept, 0, sizeof(kept));
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * A subtransaction aborted in the middle of a write: its buffer pins and
+ * trigger state were released with it, and the kept state no longer
+ * matches them.
+ */
+static void
+writer_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	if (event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	for (int t = 0; t < IDEM_NUM_TABLES; t++)
+		if (kept[t] != NULL && kept[t]->writing)
+		{
+			kept[t]->in_doubt = true;
+			kept[t]->writing = false;
+		}
+}
+
+/*
+ * Before a utility statement: it may need the table unreferenced.  Those
+ * that never do -- transaction control, SET, and DO and CALL, whose own
+ * statements come through here -- keep the state.
+ */
+static void
+writer_process_utility(PlannedStmt *pstmt, const char *queryString,
+					   bool readOnlyTree, ProcessUtilityContext context,
+					   ParamListInfo params, QueryEnvironment *queryEnv,
+					   DestReceiver *dest, QueryCompletion *qc)
+{
+	switch (nodeTag(pstmt->utilityStmt))
+	{
+		case T_TransactionStmt:
+		case T_VariableSetStmt:
+		case T_VariableShowStmt:
+		case T_DoStmt:
+		case T_CallStmt:
+			break;
+		default:
+			release_idle();
+			break;
+	}
+	if (prev_process_utility)
+		prev_process_utility(pstmt, queryString, readOnlyTree, context,
+							 params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+}
+
+void
+idem_writer_init(void)
+{
+	CacheRegisterRelcacheCallback(writer_relcache_inval, (Datum) 0);
+	RegisterXactCallback(writer_xact_callback, NULL);
+	RegisterSubXactCallback(writer_subxact_callback, NULL);
+	prev_process_utility = ProcessUtility_hook;
+	ProcessUtility_hook = writer_process_utility;
+}
