@@ -250,6 +250,33 @@ typedef struct ClaimRequest
 } ClaimRequest;
 
 /*
+ * Did this backend's last idem_begin replay?  Replays come in runs -- a
+ * client retrying, a wave of retries after an outage -- and so do new
+ * keys; the next call starts with the look the last one needed.
+ */
+static bool last_was_replay = false;
+
+/*
+ * A look without the key lock that answers a replay: a live completed
+ * record that no other transaction is changing stays as it is until its
+ * retention ends (a finish, abort or renew of it writes nothing; purges
+ * and takeovers touch only expired records).  False: decide under the
+ * lock, looking again.
+ */
+static bool
+replay_without_lock(IdemStore *store, const IdemKey *key, bytea *fingerprint,
+					IdemRecord *rec)
+{
+	if (!idem_store_peek(store, key, rec) ||
+		TransactionIdIsValid(rec->busy_xid) || IdemRecordIsPending(rec) ||
+		!rec->in_snapshot || !record_is_live(rec, GetCurrentTimestamp()))
+		return false;
+	check_fingerprint(key, rec, fingerprint);
+	Assert(rec->response != NULL);
+	return true;
+}
+
+/*
  * The claim loop of idem_begin.  *waited_since is set to when it first had
  * to wait (0: it never did).
  */
@@ -265,24 +292,18 @@ claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 	*waited_since = 0;
 
 	/*
-	 * Usually nobody else is working on the key: take its lock at once and
-	 * decide with one look.  If another call holds the lock, do not queue
-	 * behind it for a replay: a live completed record that no other
-	 * transaction is changing stays as it is until its retention ends (a
-	 * finish, abort or renew of it writes nothing; purges and takeovers
-	 * touch only expired records), so a look without the lock answers a
-	 * replay, and replays of one key never queue behind each other.
-	 * Anything else is decided under the lock, looking again.
+	 * After a replay, expect another: answer it without the key lock.
+	 * Otherwise, usually nobody else is working on the key: take its lock
+	 * at once and decide with one look.  If another call holds the lock,
+	 * do not queue behind it for a replay, so that replays of one key
+	 * never queue behind each other.
 	 */
-	have_lock = idem_try_lock_key(key);
-	if (!have_lock && idem_store_peek(store, key, rec) &&
-		!TransactionIdIsValid(rec->busy_xid) && !IdemRecordIsPending(rec) &&
-		rec->in_snapshot && record_is_live(rec, GetCurrentTimestamp()))
-	{
-		check_fingerprint(key, rec, fingerprint);
-		Assert(rec->response != NULL);
+	if (last_was_replay && replay_without_lock(store, key, fingerprint, rec))
 		return CLAIM_REPLAY;
-	}
+	have_lock = idem_try_lock_key(key);
+	if (!have_lock && !last_was_replay &&
+		replay_without_lock(store, key, fingerprint, rec))
+		return CLAIM_REPLAY;
 
 	for (;;)
 	{
@@ -486,6 +507,7 @@ idem_begin(PG_FUNCTION_ARGS)
 	status = claim_begin(&store, &key, &req, &rec, &waited_since);
 	idem_store_close(&store, false);
 
+	last_was_replay = (status == CLAIM_REPLAY);
 	idem_count(status == CLAIM_REPLAY ? IDEM_COUNT_REPLAYS : IDEM_COUNT_CLAIMS, 1);
 	if (status == CLAIM_RECOVER)
 		idem_count(IDEM_COUNT_RECOVERIES, 1);

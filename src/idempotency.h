@@ -238,6 +238,7 @@ typedef struct IdemWriter
 	TupleTableSlot *slot;		/* the new version */
 	TupleTableSlot *oldslot;	/* the version replaced or deleted */
 	ExprState **defaults;		/* per column, prepared when first needed */
+	bool		row_triggers;	/* the table has row triggers */
 	bool		writing;		/* between idem_writer_begin and _end */
 	bool		stale;			/* the table or an index changed since */
 	bool		in_doubt;		/* a write failed part-way */

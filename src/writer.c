@@ -55,6 +55,23 @@ static IdemWriter *kept[IDEM_NUM_TABLES];
 static ProcessUtility_hook_type prev_process_utility = NULL;
 
 /*
+ * Does the table have row triggers, the only ones a write of a single row
+ * fires (ExecSimpleRelationInsert/Update/Delete)?  Statement triggers --
+ * the extension's own idem_settle among them -- fire for statements only.
+ */
+static bool
+has_row_triggers(TriggerDesc *td)
+{
+	return td != NULL &&
+		(td->trig_insert_before_row || td->trig_insert_after_row ||
+		 td->trig_insert_instead_row ||
+		 td->trig_update_before_row || td->trig_update_after_row ||
+		 td->trig_update_instead_row ||
+		 td->trig_delete_before_row || td->trig_delete_after_row ||
+		 td->trig_delete_instead_row);
+}
+
+/*
  * Build the executor state for writing heap (locked by the caller in
  * RowExclusiveLock or stronger).  owner: where the references it takes are
  * remembered, or NULL for the current resource owner (a state used once).
@@ -110,7 +127,8 @@ build(Relation heap, ResourceOwner owner, MemoryContext cxt)
 		 * descriptor, and it must be owned by the state's owner, not by
 		 * the call that happens to fire a trigger first.
 		 */
-		if (w->rri->ri_TrigDesc != NULL)
+		w->row_triggers = has_row_triggers(w->rri->ri_TrigDesc);
+		if (w->row_triggers)
 		{
 			(void) ExecGetTriggerOldSlot(w->estate, w->rri);
 			(void) ExecGetTriggerNewSlot(w->estate, w->rri);
@@ -205,7 +223,7 @@ idem_writer_begin(Relation heap, int table)
 
 	w->writing = true;
 	w->estate->es_output_cid = GetCurrentCommandId(true);
-	if (w->rri->ri_TrigDesc != NULL)
+	if (w->row_triggers)
 		AfterTriggerBeginQuery();
 	return w;
 }
@@ -222,7 +240,7 @@ idem_writer_end(IdemWriter *w)
 	EState	   *estate = w->estate;
 	ListCell   *lc;
 
-	if (w->rri->ri_TrigDesc != NULL)
+	if (w->row_triggers)
 		AfterTriggerEndQuery(estate);
 	EvalPlanQualEnd(&w->epq);
 
@@ -340,8 +358,9 @@ writer_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 
 /*
  * Before a utility statement: it may need the table unreferenced.  Those
- * that never do -- transaction control, SET, and DO and CALL, whose own
- * statements come through here -- keep the state.
+ * that never do -- transaction control, SET, prepared statements (which
+ * cannot be DDL), and DO and CALL, whose own statements come through
+ * here -- keep the state.
  */
 static void
 writer_process_utility(PlannedStmt *pstmt, const char *queryString,
@@ -354,6 +373,9 @@ writer_process_utility(PlannedStmt *pstmt, const char *queryString,
 		case T_TransactionStmt:
 		case T_VariableSetStmt:
 		case T_VariableShowStmt:
+		case T_PrepareStmt:
+		case T_ExecuteStmt:
+		case T_DeallocateStmt:
 		case T_DoStmt:
 		case T_CallStmt:
 			break;
