@@ -35,7 +35,8 @@ REGRESS = 00_setup 10_claim 20_arguments 30_settings 40_fingerprint \
 ISOLATION = 00-helpers dup-committed dup-uncommitted fingerprint-mismatch \
 	inspect-uncommitted lease-renew lease-takeover relcache-inval repeatable-read \
 	role-namespace same-transaction sleep-vs-vacuum-full wait-cancel \
-	checkpoint-takeover finish-moves-record remember writer-new-index
+	checkpoint-takeover finish-moves-record remember writer-new-index \
+	after-replay
 ISOLATION_OPTS = --inputdir=test/isolation
 
 # TAP: test/t/*.pl

@@ -230,7 +230,6 @@ typedef struct IdemWriter
 {
 	Oid			relid;			/* the table written */
 	Relation	heap;
-	LocalTransactionId lxid;	/* the transaction it belongs to */
 	ResourceOwner owner;		/* its references; NULL: used for one write */
 	EState	   *estate;
 	ResultRelInfo *rri;			/* the table, with all its indexes open */
@@ -240,6 +239,7 @@ typedef struct IdemWriter
 	ExprState **defaults;		/* per column, prepared when first needed */
 	bool		row_triggers;	/* the table has row triggers */
 	bool		writing;		/* between idem_writer_begin and _end */
+	SubTransactionId write_subid;	/* where the write began */
 	bool		stale;			/* the table or an index changed since */
 	bool		in_doubt;		/* a write failed part-way */
 } IdemWriter;

@@ -32,13 +32,6 @@
 #define IdemVxidGetProc(vxid)	BackendIdGetProc((vxid)->backendId)
 #endif
 
-/* This backend's local transaction id: 17 moved it into MyProc->vxid */
-#if PG_VERSION_NUM >= 170000
-#define idem_my_lxid()	(MyProc->vxid.lxid)
-#else
-#define idem_my_lxid()	(MyProc->lxid)
-#endif
-
 /*
  * index_beginscan: PostgreSQL 18 added an IndexScanInstrumentation *
  * argument after the snapshot (NULL: no instrumentation).

@@ -73,34 +73,31 @@ has_row_triggers(TriggerDesc *td)
 
 /*
  * Build the executor state for writing heap (locked by the caller in
- * RowExclusiveLock or stronger).  owner: where the references it takes are
- * remembered, or NULL for the current resource owner (a state used once).
+ * RowExclusiveLock or stronger) into w, in memory context cxt.  With
+ * w->owner set, the references it takes are remembered there; otherwise
+ * in the current resource owner (a state used for one write).
  */
-static IdemWriter *
-build(Relation heap, ResourceOwner owner, MemoryContext cxt)
+static void
+build(IdemWriter *w, Relation heap, MemoryContext cxt)
 {
 	ResourceOwner save_owner = CurrentResourceOwner;
 	MemoryContext save_cxt = MemoryContextSwitchTo(cxt);
-	IdemWriter *w;
 	RangeTblEntry *rte;
 
-	if (owner != NULL)
-		CurrentResourceOwner = owner;
+	if (w->owner != NULL)
+		CurrentResourceOwner = w->owner;
 	PG_TRY();
 	{
-		w = palloc0(sizeof(IdemWriter));
-		w->owner = owner;
-		w->lxid = idem_my_lxid();
 		w->relid = RelationGetRelid(heap);
 		w->estate = CreateExecutorState();
 		MemoryContextSwitchTo(w->estate->es_query_cxt);
-		if (owner != NULL)
+		if (w->owner != NULL)
 			MemoryContextSetIdentifier(w->estate->es_query_cxt,
 									   pstrdup(RelationGetRelationName(heap)));
 
 		/* the table: kept at hand by our own reference while we keep it */
 		w->heap = heap;
-		if (owner != NULL)
+		if (w->owner != NULL)
 			RelationIncrementReferenceCount(heap);
 
 		rte = makeNode(RangeTblEntry);
@@ -122,8 +119,8 @@ build(Relation heap, ResourceOwner owner, MemoryContext cxt)
 		w->oldslot = table_slot_create(heap, &w->estate->es_tupleTable);
 
 		/*
-		 * The slots triggers are given, which the executor would make at
-		 * their first use: a slot holds a reference to the table's tuple
+		 * The slots row triggers are given, which the executor would make
+		 * at their first use: a slot holds a reference to the table's tuple
 		 * descriptor, and it must be owned by the state's owner, not by
 		 * the call that happens to fire a trigger first.
 		 */
@@ -141,7 +138,6 @@ build(Relation heap, ResourceOwner owner, MemoryContext cxt)
 		MemoryContextSwitchTo(save_cxt);
 	}
 	PG_END_TRY();
-	return w;
 }
 
 /*
@@ -156,7 +152,8 @@ release(IdemWriter *w)
 {
 	ResourceOwner owner = w->owner;
 
-	FreeExecutorState(w->estate);
+	if (w->estate != NULL)
+		FreeExecutorState(w->estate);
 	ResourceOwnerRelease(owner, RESOURCE_RELEASE_BEFORE_LOCKS, false, false);
 	ResourceOwnerRelease(owner, RESOURCE_RELEASE_LOCKS, true, false);
 	ResourceOwnerRelease(owner, RESOURCE_RELEASE_AFTER_LOCKS, false, false);
@@ -187,41 +184,43 @@ idem_writer_begin(Relation heap, int table)
 {
 	IdemWriter *w = kept[table];
 
-	if (w != NULL &&
-		(w->stale || w->in_doubt || w->lxid != idem_my_lxid() ||
-		 w->heap != heap || w->relid != RelationGetRelid(heap)))
+	if (w != NULL && !w->writing &&
+		(w->stale || w->in_doubt || w->heap != heap ||
+		 w->relid != RelationGetRelid(heap)))
 	{
-		if (!w->writing)
-		{
-			kept[table] = NULL;
-			release(w);
-		}
+		kept[table] = NULL;
+		release(w);
 		w = NULL;
 	}
 
-	if (w == NULL || w->writing)
+	if (w == NULL)
 	{
-		if (kept[table] == NULL)
-		{
-			/* keep it for the rest of the transaction */
-			ResourceOwner owner = ResourceOwnerCreate(TopTransactionResourceOwner,
-													  "idempotency writer");
-
-			w = build(heap, owner, TopTransactionContext);
-			kept[table] = w;
-		}
-		else
-		{
-			/*
-			 * A write from within a write to the same table (a trigger on
-			 * it calling the idem_* functions): a state of its own, for
-			 * this write only.
-			 */
-			w = build(heap, NULL, CurrentMemoryContext);
-		}
+		/*
+		 * Keep it for the rest of the transaction.  It is kept in doubt
+		 * until it is built: a build that fails part-way is released like
+		 * a write that did.
+		 */
+		w = MemoryContextAllocZero(TopTransactionContext, sizeof(IdemWriter));
+		w->owner = ResourceOwnerCreate(TopTransactionResourceOwner,
+									   "idempotency writer");
+		w->in_doubt = true;
+		kept[table] = w;
+		build(w, heap, TopTransactionContext);
+		w->in_doubt = false;
+	}
+	else if (w->writing || w->stale || w->in_doubt)
+	{
+		/*
+		 * A write from within a write to the same table (a trigger on it
+		 * calling the idem_* functions): a state of its own, for this
+		 * write only.
+		 */
+		w = palloc0(sizeof(IdemWriter));
+		build(w, heap, CurrentMemoryContext);
 	}
 
 	w->writing = true;
+	w->write_subid = GetCurrentSubTransactionId();
 	w->estate->es_output_cid = GetCurrentCommandId(true);
 	if (w->row_triggers)
 		AfterTriggerBeginQuery();
@@ -348,8 +347,15 @@ writer_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 {
 	if (event != SUBXACT_EVENT_ABORT_SUB)
 		return;
+
+	/*
+	 * A write begun in this subtransaction or one below it (their ids are
+	 * larger) ends here; one begun further out goes on (a trigger that
+	 * caught an error).
+	 */
 	for (int t = 0; t < IDEM_NUM_TABLES; t++)
-		if (kept[t] != NULL && kept[t]->writing)
+		if (kept[t] != NULL && kept[t]->writing &&
+			kept[t]->write_subid >= mySubid)
 		{
 			kept[t]->in_doubt = true;
 			kept[t]->writing = false;
