@@ -240,6 +240,7 @@ typedef struct IdemWriter
 	bool		row_triggers;	/* the table has row triggers */
 	bool		writing;		/* between idem_writer_begin and _end */
 	SubTransactionId write_subid;	/* where the write began */
+	bool		building;		/* being built (idem_writer_begin) */
 	bool		stale;			/* the table or an index changed since */
 	bool		in_doubt;		/* a write failed part-way */
 } IdemWriter;

@@ -198,14 +198,17 @@ idem_writer_begin(Relation heap, int table)
 		/*
 		 * Keep it for the rest of the transaction.  It is kept in doubt
 		 * until it is built: a build that fails part-way is released like
-		 * a write that did.
+		 * a write that did.  An invalidation that arrives while it is built
+		 * (opening an index lets them in) makes the next write build anew.
 		 */
 		w = MemoryContextAllocZero(TopTransactionContext, sizeof(IdemWriter));
 		w->owner = ResourceOwnerCreate(TopTransactionResourceOwner,
 									   "idempotency writer");
 		w->in_doubt = true;
+		w->building = true;
 		kept[table] = w;
 		build(w, heap, TopTransactionContext);
+		w->building = false;
 		w->in_doubt = false;
 	}
 	else if (w->writing || w->stale || w->in_doubt)
@@ -301,7 +304,8 @@ writer_relcache_inval(Datum arg, Oid relid)
 
 		if (w == NULL)
 			continue;
-		if (relid == InvalidOid || relid == w->relid)
+		/* while it is built, its index list may be half filled in */
+		if (w->building || relid == InvalidOid || relid == w->relid)
 			w->stale = true;
 		for (int i = 0; i < w->rri->ri_NumIndices && !w->stale; i++)
 			if (RelationGetRelid(w->rri->ri_IndexRelationDescs[i]) == relid)
