@@ -134,7 +134,30 @@ SELECT (idem_begin('writes', 'outer', NULL)).status;
 DROP TRIGGER claim_audit ON idem_record;
 SELECT key FROM idem_record WHERE operation = 'writes' AND key IN ('outer', 'inner') ORDER BY key;
 
--- 6. TRUNCATE and a rewrite in the transaction after writes, then more
+-- 6. A row trigger whose function is SECURITY DEFINER with a setting of its
+-- own (as pg_repack's log trigger is): its call information, filled in at
+-- the claim's write, is still good at the finish's, a statement later.
+CREATE TABLE writes_log (key text, at text);
+CREATE FUNCTION log_write() RETURNS trigger LANGUAGE plpgsql
+  SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+BEGIN
+  INSERT INTO writes_log VALUES (NEW.key, TG_OP);
+  RETURN NEW;
+END $$;
+CREATE TRIGGER log_write AFTER INSERT OR UPDATE ON idem_record
+  FOR EACH ROW EXECUTE FUNCTION log_write();
+BEGIN;
+SELECT (idem_begin('writes', 'sd', NULL)).token AS tsd \gset
+SELECT repeat('x', 100000) IS NOT NULL AS other_work;
+SELECT idem_finish('writes', 'sd', :tsd, '"sd"');
+SELECT idem_finish('writes', 'sd2', (idem_begin('writes', 'sd2', NULL)).token, '"sd2"');
+COMMIT;
+DROP TRIGGER log_write ON idem_record;
+SELECT key, at FROM writes_log ORDER BY key, at;
+DROP TABLE writes_log;
+DROP FUNCTION log_write();
+
+-- 7. TRUNCATE and a rewrite in the transaction after writes, then more
 -- writes: the state holds no reference that makes them refuse.
 BEGIN;
 SELECT (idem_begin('writes', 'k9', NULL)).status;
@@ -147,7 +170,7 @@ SELECT 'k9' AS key, state FROM idem_inspect('writes', 'k9') UNION ALL
 SELECT 'k10', state FROM idem_inspect('writes', 'k10');
 SELECT * FROM check_indexes();
 
--- 7. Many writes in one transaction: the kept state does not grow with
+-- 8. Many writes in one transaction: the kept state does not grow with
 -- them (its memory context is named after the table).
 BEGIN;
 SELECT count(idem_finish('writes', 'many' || i,

@@ -115,6 +115,18 @@ build(IdemWriter *w, Relation heap, MemoryContext cxt)
 		ExecOpenIndices(w->rri, false);
 		idem_epq_init(&w->epq, w->estate);
 
+		/*
+		 * The trigger functions' call information, which the executor
+		 * fills in at a trigger's first call, in whatever memory context
+		 * is current then: here, in the state's, which outlives the
+		 * statement (a SECURITY DEFINER function keeps its settings in it).
+		 */
+		if (w->rri->ri_TrigDesc != NULL)
+			for (int i = 0; i < w->rri->ri_TrigDesc->numtriggers; i++)
+				fmgr_info_cxt(w->rri->ri_TrigDesc->triggers[i].tgfoid,
+							  &w->rri->ri_TrigFunctions[i],
+							  w->estate->es_query_cxt);
+
 		w->slot = table_slot_create(heap, &w->estate->es_tupleTable);
 		w->oldslot = table_slot_create(heap, &w->estate->es_tupleTable);
 
