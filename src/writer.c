@@ -170,6 +170,7 @@ release(IdemWriter *w)
 	ResourceOwnerRelease(owner, RESOURCE_RELEASE_LOCKS, true, false);
 	ResourceOwnerRelease(owner, RESOURCE_RELEASE_AFTER_LOCKS, false, false);
 	ResourceOwnerDelete(owner);
+	pfree(w);
 }
 
 /* Let go of every kept state that is not in the middle of a write */
@@ -223,7 +224,7 @@ idem_writer_begin(Relation heap, int table)
 		w->building = false;
 		w->in_doubt = false;
 	}
-	else if (w->writing || w->stale || w->in_doubt)
+	else if (w->writing)
 	{
 		/*
 		 * A write from within a write to the same table (a trigger on it
