@@ -35,11 +35,11 @@
 
 #include "access/table.h"
 #include "access/xact.h"
+#include "catalog/pg_trigger.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
 #include "rewrite/rewriteHandler.h"
-#include "storage/proc.h"
 #include "tcop/utility.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
@@ -116,16 +116,20 @@ build(IdemWriter *w, Relation heap, MemoryContext cxt)
 		idem_epq_init(&w->epq, w->estate);
 
 		/*
-		 * The trigger functions' call information, which the executor
+		 * The row trigger functions' call information, which the executor
 		 * fills in at a trigger's first call, in whatever memory context
 		 * is current then: here, in the state's, which outlives the
 		 * statement (a SECURITY DEFINER function keeps its settings in it).
 		 */
-		if (w->rri->ri_TrigDesc != NULL)
-			for (int i = 0; i < w->rri->ri_TrigDesc->numtriggers; i++)
-				fmgr_info_cxt(w->rri->ri_TrigDesc->triggers[i].tgfoid,
-							  &w->rri->ri_TrigFunctions[i],
+		w->row_triggers = has_row_triggers(w->rri->ri_TrigDesc);
+		for (int i = 0; w->row_triggers && i < w->rri->ri_TrigDesc->numtriggers; i++)
+		{
+			Trigger    *trigger = &w->rri->ri_TrigDesc->triggers[i];
+
+			if (TRIGGER_FOR_ROW(trigger->tgtype))
+				fmgr_info_cxt(trigger->tgfoid, &w->rri->ri_TrigFunctions[i],
 							  w->estate->es_query_cxt);
+		}
 
 		w->slot = table_slot_create(heap, &w->estate->es_tupleTable);
 		w->oldslot = table_slot_create(heap, &w->estate->es_tupleTable);
@@ -136,7 +140,6 @@ build(IdemWriter *w, Relation heap, MemoryContext cxt)
 		 * descriptor, and it must be owned by the state's owner, not by
 		 * the call that happens to fire a trigger first.
 		 */
-		w->row_triggers = has_row_triggers(w->rri->ri_TrigDesc);
 		if (w->row_triggers)
 		{
 			(void) ExecGetTriggerOldSlot(w->estate, w->rri);
