@@ -228,8 +228,7 @@ extern void idem_store_init(void);
 
 typedef struct IdemWriter
 {
-	Oid			relid;			/* the table written */
-	Relation	heap;
+	Relation	heap;			/* the table written */
 	ResourceOwner owner;		/* its references; NULL: used for one write */
 	EState	   *estate;
 	ResultRelInfo *rri;			/* the table, with all its indexes open */
@@ -240,7 +239,7 @@ typedef struct IdemWriter
 	bool		row_triggers;	/* the table has row triggers */
 	bool		writing;		/* between idem_writer_begin and _end */
 	SubTransactionId write_subid;	/* where the write began */
-	bool		building;		/* being built (idem_writer_begin) */
+	bool		building;		/* being built, or its build failed */
 	bool		stale;			/* the table or an index changed since */
 	bool		in_doubt;		/* a write failed part-way */
 } IdemWriter;

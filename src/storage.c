@@ -436,15 +436,21 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
  * 'none' and 'all' finds its record in idem_record and never does.
  */
 static void
-need_table(IdemStore *store, int table)
+need_heap(IdemStore *store, int table)
 {
 	Assert(table < store->ntables);
-	if (table != IDEM_RESULTS || store->hidden[IDEM_RESULTS])
-		return;
-	if (store->heap[IDEM_RESULTS] == NULL)
+	if (table == IDEM_RESULTS && store->heap[IDEM_RESULTS] == NULL &&
+		!store->hidden[IDEM_RESULTS])
 		open_heap(store, IDEM_RESULTS, store->result_relid);
-	if (store->heap[IDEM_RESULTS] != NULL && store->index[IDEM_RESULTS] == NULL)
-		open_index(store, IDEM_RESULTS);
+}
+
+/* ... with its primary key */
+static void
+need_table(IdemStore *store, int table)
+{
+	need_heap(store, table);
+	if (store->heap[table] != NULL && store->index[table] == NULL)
+		open_index(store, table);
 }
 
 /*
@@ -643,8 +649,7 @@ results_possible(IdemStore *store)
 	if (store->split)
 		return true;
 	/* the size first: an empty table's index need not be opened */
-	if (store->heap[IDEM_RESULTS] == NULL && !store->hidden[IDEM_RESULTS])
-		open_heap(store, IDEM_RESULTS, store->result_relid);
+	need_heap(store, IDEM_RESULTS);
 	return store->heap[IDEM_RESULTS] != NULL &&
 		RelationGetNumberOfBlocks(store->heap[IDEM_RESULTS]) > 0;
 }

@@ -88,7 +88,6 @@ build(IdemWriter *w, Relation heap, MemoryContext cxt)
 		CurrentResourceOwner = w->owner;
 	PG_TRY();
 	{
-		w->relid = RelationGetRelid(heap);
 		w->estate = CreateExecutorState();
 		MemoryContextSwitchTo(w->estate->es_query_cxt);
 		if (w->owner != NULL)
@@ -201,8 +200,7 @@ idem_writer_begin(Relation heap, int table)
 	IdemWriter *w = kept[table];
 
 	if (w != NULL && !w->writing &&
-		(w->stale || w->in_doubt || w->heap != heap ||
-		 w->relid != RelationGetRelid(heap)))
+		(w->stale || w->in_doubt || w->building || w->heap != heap))
 	{
 		kept[table] = NULL;
 		release(w);
@@ -212,20 +210,19 @@ idem_writer_begin(Relation heap, int table)
 	if (w == NULL)
 	{
 		/*
-		 * Keep it for the rest of the transaction.  It is kept in doubt
-		 * until it is built: a build that fails part-way is released like
-		 * a write that did.  An invalidation that arrives while it is built
-		 * (opening an index lets them in) makes the next write build anew.
+		 * Keep it for the rest of the transaction.  A build that fails
+		 * part-way leaves it marked as being built, and it is released
+		 * like a write that did.  An invalidation that arrives while it is
+		 * built (opening an index lets them in) makes the next write build
+		 * anew.
 		 */
 		w = MemoryContextAllocZero(TopTransactionContext, sizeof(IdemWriter));
 		w->owner = ResourceOwnerCreate(TopTransactionResourceOwner,
 									   "idempotency writer");
-		w->in_doubt = true;
 		w->building = true;
 		kept[table] = w;
 		build(w, heap, TopTransactionContext);
 		w->building = false;
-		w->in_doubt = false;
 	}
 	else if (w->writing)
 	{
@@ -321,7 +318,8 @@ writer_relcache_inval(Datum arg, Oid relid)
 		if (w == NULL)
 			continue;
 		/* while it is built, its index list may be half filled in */
-		if (w->building || relid == InvalidOid || relid == w->relid)
+		if (w->building || relid == InvalidOid ||
+			relid == RelationGetRelid(w->heap))
 			w->stale = true;
 		for (int i = 0; i < w->rri->ri_NumIndices && !w->stale; i++)
 			if (RelationGetRelid(w->rri->ri_IndexRelationDescs[i]) == relid)
@@ -337,14 +335,8 @@ writer_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PRE_COMMIT:
 		case XACT_EVENT_PARALLEL_PRE_COMMIT:
 		case XACT_EVENT_PRE_PREPARE:
-			for (int t = 0; t < IDEM_NUM_TABLES; t++)
-				if (kept[t] != NULL)
-				{
-					IdemWriter *w = kept[t];
-
-					kept[t] = NULL;
-					release(w);
-				}
+			/* no write is in progress at the end of a transaction */
+			release_idle();
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
