@@ -12,10 +12,11 @@ UPDATE_CHAIN = idempotency--1.0.sql \
 	idempotency--1.0--1.1.sql \
 	idempotency--1.1--1.2.sql \
 	idempotency--1.2--1.3.sql \
-	idempotency--1.3--1.4.sql
+	idempotency--1.3--1.4.sql \
+	idempotency--1.4--1.5.sql
 DATA = $(UPDATE_CHAIN)
-# the install script of 1.4 is built from them (below)
-DATA_built = idempotency--1.4.sql
+# the install script of 1.5 is built from them (below)
+DATA_built = idempotency--1.5.sql
 PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
 
 # No -Werror here: a newer compiler's new warning must not break a user's
@@ -60,11 +61,11 @@ $(OBJS) $(OBJS:.o=.bc): | $(CURDIR)/src
 $(CURDIR)/src:
 	mkdir -p $@
 
-# idempotency--1.4.sql: idempotency--1.4.sql.in with its place-holder line
+# idempotency--1.5.sql: idempotency--1.5.sql.in with its place-holder line
 # replaced by the scripts of UPDATE_CHAIN, each under a "from" line, without
 # its psql guard (\echo ... \quit), so that a new installation is exactly an
 # updated one.
-idempotency--1.4.sql: $(srcdir)/idempotency--1.4.sql.in $(addprefix $(srcdir)/,$(UPDATE_CHAIN))
+idempotency--1.5.sql: $(srcdir)/idempotency--1.5.sql.in $(addprefix $(srcdir)/,$(UPDATE_CHAIN))
 	awk -v chain='$(addprefix $(srcdir)/,$(UPDATE_CHAIN))' ' \
 		$$0 != "@UPDATE_CHAIN@" { print; next } \
 		{ \
@@ -78,4 +79,4 @@ idempotency--1.4.sql: $(srcdir)/idempotency--1.4.sql.in $(addprefix $(srcdir)/,$
 				close(file[i]); \
 				print ""; \
 			} \
-		}' $(srcdir)/idempotency--1.4.sql.in > $@.tmp && mv $@.tmp $@
+		}' $(srcdir)/idempotency--1.5.sql.in > $@.tmp && mv $@.tmp $@

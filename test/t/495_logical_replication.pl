@@ -192,7 +192,7 @@ is($pub->safe_psql('has_pub', q{SELECT count(*) FROM pg_extension WHERE extname 
 		SET idempotency.publish_records = on;
 		CREATE EXTENSION idempotency;
 		SELECT extversion FROM pg_extension WHERE extname = 'idempotency';});
-	is("$st|$out", '00000|1.4', 'with idempotency.publish_records = on, CREATE EXTENSION is allowed')
+	is("$st|$out", '00000|1.5', 'with idempotency.publish_records = on, CREATE EXTENSION is allowed')
 	  or diag($err);
 }
 
@@ -202,7 +202,7 @@ $pub->safe_psql('old_ext', q{
 	CREATE EXTENSION idempotency VERSION '1.3';
 	CREATE PUBLICATION p_old FOR ALL TABLES;});
 is(refused($pub, 'old_ext', 'ALTER EXTENSION idempotency UPDATE'),
-	'55000|p_old|table|hint', 'ALTER EXTENSION UPDATE (1.3 to 1.4) is refused under a FOR ALL TABLES publication');
+	'55000|p_old|table|hint', 'ALTER EXTENSION UPDATE (1.3 to the default) is refused under a FOR ALL TABLES publication');
 is($pub->safe_psql('old_ext', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
 	'1.3', 'the refused update left 1.3 installed');
 
