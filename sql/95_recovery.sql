@@ -283,12 +283,12 @@ SELECT status FROM idem_begin('recovery', 's0', NULL, takeover => 'bogus');
 SELECT status FROM idem_begin('recovery', 's0', NULL, takeover => NULL);
 SELECT holder IS NULL AS no_holder FROM idem_record WHERE operation = 'recovery' AND key = 's0';
 -- A 'session' claim names this session as its holder; the session holds
--- the extension's session-level advisory lock (lock class 0x494D = 18765)
--- until it exits.
+-- two session-level locks until it exits: the advisory lock of class
+-- 0x494D = 18765 and its anchor, class 0x494F = 18767.
 SELECT status FROM idem_begin('recovery', 's1', NULL, takeover => 'session');
 SELECT holder IS NOT NULL AS has_holder FROM idem_record WHERE operation = 'recovery' AND key = 's1';
 SELECT locktype, objsubid, mode, granted FROM pg_locks
- WHERE locktype = 'advisory' AND pid = pg_backend_pid();
+ WHERE locktype = 'advisory' AND pid = pg_backend_pid() ORDER BY objsubid;
 -- remember: seconds, never negative (the message's range differs between
 -- PostgreSQL versions: only the SQLSTATE is shown); the setting is the
 -- default of the argument, which wins when given (0 turns it off).

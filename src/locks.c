@@ -23,15 +23,32 @@
  *					lease ends; idem_finish / idem_abort find the holders of
  *					that tag in the lock table and set their latches.
  *
- * A claim made with takeover => 'session' (version 1.4) also names the
- * session that made it (its "holder"), which holds one session-level lock
- * on its own tag from its first such claim until it exits: one lock
- * however many claims it makes.  The session is alive while that lock is
- * held.  A waiter on such a claim also holds a share lock on the
- * session's "session waiter" tag, and an exiting session releases its
- * lock and then sets the latches of those waiters, so they wake at once.
- * A session that dies without running its exit code (a crashed server)
- * leaves no lock behind either: the lock table does not survive it.
+ * A claim made with takeover => 'session' also names the session that
+ * made it (its "holder").  The session is alive while it holds either of
+ * two session-level locks on its own tags, taken at its first such claim
+ * and kept until it exits: one lock pair however many claims it makes.
+ * Two, because no single kind of lock survives everything a live session
+ * may do:
+ *
+ *	Advisory		(user lock method) survives every transaction's end, but
+ *					DISCARD ALL and pg_advisory_unlock_all() release it;
+ *	Anchor			(default lock method) survives those, but a top-level
+ *					abort releases it.
+ *
+ * Whichever is lost is taken again before the other can go: the advisory
+ * lock at the transaction's commit, prepare or abort (before the abort lets
+ * the anchor go), the anchor right after an abort has let it go.  A look
+ * holds a share lock on the advisory tag while it tests the anchor, so the
+ * owner cannot take one back and lose the other in between: if the look
+ * finds both free, the session has ended.  Only finishing or aborting ends
+ * a live session's claim; DISCARD ALL, RESET ALL, SET ROLE and
+ * pg_advisory_unlock_all() do not.
+ *
+ * A waiter on such a claim also holds a share lock on the session's
+ * "session waiter" tag, and an exiting session releases its locks and then
+ * sets the latches of those waiters, so they wake at once.  A session that
+ * dies without running its exit code (a crashed server) leaves no lock
+ * behind either: the lock table does not survive it.
  *
  * All tags live in lock classes of our own (pg_locks.objsubid), so they
  * can never collide with an application's pg_advisory_lock() keys: core
@@ -41,6 +58,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/ipc.h"
@@ -49,6 +67,7 @@
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "storage/sinvaladt.h"
+#include "utils/resowner.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
@@ -57,9 +76,10 @@
 /* Advisory lock classes owned by this extension ('I','K' + 0 / 1) */
 #define IDEM_LOCK_CLASS_KEY		0x494B
 #define IDEM_LOCK_CLASS_WAITER	0x494C
-/* ... + 2 / 3 (version 1.4): a session that holds claims, its waiters */
+/* ... + 2 / 3 / 4: a session that holds claims, its waiters, its anchor */
 #define IDEM_LOCK_CLASS_SESSION	0x494D
 #define IDEM_LOCK_CLASS_SESSION_WAITER	0x494E
+#define IDEM_LOCK_CLASS_SESSION_ANCHOR	0x494F
 
 static void
 key_locktag(LOCKTAG *tag, const IdemKey *key, uint16 lock_class)
@@ -75,6 +95,13 @@ session_locktag(LOCKTAG *tag, int64 holder, uint16 lock_class)
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId,
 						 (uint32) ((uint64) holder >> 32), (uint32) holder,
 						 lock_class);
+	/*
+	 * The anchor is an advisory tag in the default lock method, whose
+	 * session locks only a top-level abort (and exit) releases: DISCARD ALL
+	 * and pg_advisory_unlock_all() release the user lock method's alone.
+	 */
+	if (lock_class == IDEM_LOCK_CLASS_SESSION_ANCHOR)
+		tag->locktag_lockmethodid = DEFAULT_LOCKMETHOD;
 }
 
 /* Honours lock_timeout, statement_timeout and cancel like any lock wait */
@@ -273,6 +300,8 @@ idem_wait_for_wakeup(const IdemKey *key, int64 holder, TimestampTz until,
 
 /* This backend's holder number; 0 until its first 'session' claim */
 static int64 my_holder = 0;
+/* Set by session_exit: the locks are let go for good */
+static bool session_ended = false;
 
 /* Set the latch of every backend holding a share lock on tag: its sleepers */
 static void
@@ -301,10 +330,64 @@ wake_session_waiters(int64 holder)
 }
 
 /*
+ * Take this session's lock of lock_class back if it has lost it.  Nobody
+ * else ever takes it exclusively; a look holds it in share mode for a
+ * moment without waiting for anything, so the wait here is short and
+ * cannot be part of a deadlock.  On the abort path (report_errors false) a
+ * full lock table is not reported: the lock is taken at the next chance.
+ */
+static void
+session_lock_keep(uint16 lock_class, bool report_errors)
+{
+	LOCKTAG		tag;
+
+	session_locktag(&tag, my_holder, lock_class);
+	if (!idem_lock_held_by_me(&tag, ExclusiveLock))
+		(void) idem_lock_acquire_extended(&tag, ExclusiveLock, true, false,
+										  report_errors);
+}
+
+/*
+ * The advisory lock is taken back at every end of a transaction, before an
+ * abort lets the anchor go (ProcReleaseLocks runs after these callbacks).
+ */
+static void
+session_xact_callback(XactEvent event, void *arg)
+{
+	if (my_holder == 0 || session_ended)
+		return;
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			session_lock_keep(IDEM_LOCK_CLASS_SESSION, true);
+			session_lock_keep(IDEM_LOCK_CLASS_SESSION_ANCHOR, true);
+			break;
+		case XACT_EVENT_ABORT:
+			session_lock_keep(IDEM_LOCK_CLASS_SESSION, false);
+			break;
+		default:
+			break;
+	}
+}
+
+/* The anchor is taken back as soon as a top-level abort has let it go */
+static void
+session_release_callback(ResourceReleasePhase phase, bool isCommit,
+						 bool isTopLevel, void *arg)
+{
+	if (my_holder == 0 || session_ended)
+		return;
+	if (phase == RESOURCE_RELEASE_AFTER_LOCKS && isTopLevel && !isCommit)
+		session_lock_keep(IDEM_LOCK_CLASS_SESSION_ANCHOR, false);
+}
+
+/*
  * At exit, before PostgreSQL releases the session's locks (a
  * before_shmem_exit callback registered after InitPostgres' runs first):
- * release the session lock, so that a woken waiter finds the session gone,
- * then wake the waiters.
+ * release the session's locks, so that a woken waiter finds the session
+ * gone, then wake the waiters.  The transaction that exit then aborts must
+ * not take them back.
  */
 static void
 session_exit(int code, Datum arg)
@@ -313,8 +396,13 @@ session_exit(int code, Datum arg)
 
 	if (my_holder == 0)
 		return;
+	session_ended = true;
 	session_locktag(&tag, my_holder, IDEM_LOCK_CLASS_SESSION);
-	LockRelease(&tag, ExclusiveLock, true);
+	if (idem_lock_held_by_me(&tag, ExclusiveLock))
+		LockRelease(&tag, ExclusiveLock, true);
+	session_locktag(&tag, my_holder, IDEM_LOCK_CLASS_SESSION_ANCHOR);
+	if (idem_lock_held_by_me(&tag, ExclusiveLock))
+		LockRelease(&tag, ExclusiveLock, true);
 	wake_session_waiters(my_holder);
 }
 
@@ -322,41 +410,49 @@ session_exit(int code, Datum arg)
  * The number that names this session in its 'session' claims: its process
  * ID and the low half of its start time (a process ID is reused, not
  * within the same microsecond of a 71-minute cycle).  The first call takes
- * the session lock that says the session is alive.
+ * the session's locks that say it is alive.
  */
 int64
 idem_session_holder(void)
 {
-	LOCKTAG		tag;
-
 	if (my_holder != 0)
 		return my_holder;
 	my_holder = (int64) (((uint64) (uint32) MyProcPid << 32) |
 						 (uint32) MyStartTimestamp);
 	if (my_holder == 0)
 		my_holder = 1;
-	session_locktag(&tag, my_holder, IDEM_LOCK_CLASS_SESSION);
-	(void) LockAcquire(&tag, ExclusiveLock, true, false);
+	session_lock_keep(IDEM_LOCK_CLASS_SESSION, true);
+	session_lock_keep(IDEM_LOCK_CLASS_SESSION_ANCHOR, true);
+	RegisterXactCallback(session_xact_callback, NULL);
+	RegisterResourceReleaseCallback(session_release_callback, NULL);
 	before_shmem_exit(session_exit, (Datum) 0);
 	return my_holder;
 }
 
 /*
- * Is the session that made a 'session' claim still connected?  Its lock
- * tells: if we can take it, nobody holds it.
+ * Is the session that made a 'session' claim still connected?  It is while
+ * it holds either of its locks.  The share lock on the advisory tag is kept
+ * while the anchor is tested: the owner cannot take the advisory lock back
+ * meanwhile, so it cannot have let the anchor go after it.
  */
 bool
 idem_session_alive(int64 holder)
 {
-	LOCKTAG		tag;
+	LOCKTAG		advisory;
+	LOCKTAG		anchor;
+	bool		alive;
 
 	if (holder == my_holder)
 		return true;
-	session_locktag(&tag, holder, IDEM_LOCK_CLASS_SESSION);
-	if (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+	session_locktag(&advisory, holder, IDEM_LOCK_CLASS_SESSION);
+	if (LockAcquire(&advisory, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
 		return true;
-	LockRelease(&tag, ShareLock, false);
-	return false;
+	session_locktag(&anchor, holder, IDEM_LOCK_CLASS_SESSION_ANCHOR);
+	alive = (LockAcquire(&anchor, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL);
+	if (!alive)
+		LockRelease(&anchor, ShareLock, false);
+	LockRelease(&advisory, ShareLock, false);
+	return alive;
 }
 
 /*

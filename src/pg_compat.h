@@ -83,6 +83,15 @@ idem_init_range_table(EState *estate, RangeTblEntry *rte)
 #define idem_lock_held_by_me(tag, mode) LockHeldByMe((tag), (mode))
 #endif
 
+/* LockAcquireExtended: PostgreSQL 18 adds logLockFailure */
+#if PG_VERSION_NUM >= 180000
+#define idem_lock_acquire_extended(tag, mode, session, dontwait, report) \
+	LockAcquireExtended((tag), (mode), (session), (dontwait), (report), NULL, false)
+#else
+#define idem_lock_acquire_extended(tag, mode, session, dontwait, report) \
+	LockAcquireExtended((tag), (mode), (session), (dontwait), (report), NULL)
+#endif
+
 /* RelationGetPrimaryKeyIndex: 18 added "deferrable_ok" */
 #if PG_VERSION_NUM >= 180000
 #define idem_primary_key_index(rel) RelationGetPrimaryKeyIndex((rel), false)

@@ -25,7 +25,7 @@
 #  4. The setting idempotency.takeover = 'session' works like the argument;
 #     an explicit takeover => 'lease' overrides it.
 #  5. 100,000 'session' claims in one transaction commit with the default
-#     max_locks_per_transaction: the session holds one lock for them all.
+#     max_locks_per_transaction: the session holds one pair of locks for them all.
 #     They are all taken over once the session ends.
 #  6. A claim in a PREPARED transaction whose session then disconnects is
 #     waited for as any uncommitted claim (raise: IK409; wait: on the
@@ -59,6 +59,7 @@ $node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 # and the waiters on such a session
 my $SESSION_LOCK = 18765;           # 0x494D
 my $SESSION_WAITER_LOCK = 18766;    # 0x494E
+my $SESSION_ANCHOR_LOCK = 18767;    # 0x494F: the session's second lock
 
 # One session for looking and acting from outside, one for the waiter.
 my $admin = $node->background_psql('postgres', on_error_stop => 0);
@@ -346,9 +347,10 @@ for my $variant ('explicit', 'default')
 	my ($locks) = run_sql($admin, "SELECT count(*) FROM pg_locks WHERE pid = $pid;");
 	cmp_ok($locks, '<=', 20, "bulk: its backend holds few locks ($locks) before the commit");
 	my ($advisory) = run_sql($admin, qq{
-		SELECT string_agg(objsubid::text || ' ' || mode, ', ') FROM pg_locks
+		SELECT string_agg(objsubid::text || ' ' || mode, ', ' ORDER BY objsubid) FROM pg_locks
 		 WHERE pid = $pid AND locktype = 'advisory';});
-	is($advisory, "$SESSION_LOCK ExclusiveLock", 'bulk: its only advisory lock is the session lock');
+	is($advisory, "$SESSION_LOCK ExclusiveLock, $SESSION_ANCHOR_LOCK ExclusiveLock",
+		'bulk: its only advisory locks are the session\'s two locks');
 	($out, $state, $err) = run_sql($s, 'COMMIT;');
 	is($state, '00000', 'bulk: the transaction commits');
 	unlike($err, qr/out of shared memory/, 'bulk: no "out of shared memory"');
