@@ -68,6 +68,8 @@ typedef enum IdemDurability
 
 static const char *const durability_names[] = {"none", "completed", "all"};
 
+static IdemDurability durability_from_name(const char *name);
+
 static char *
 qualified_name(Oid relid)
 {
@@ -194,6 +196,42 @@ current_durability(Oid fn_oid)
 		get_rel_persistence(result_relid) == RELPERSISTENCE_PERMANENT)
 		return IDEM_DURABILITY_COMPLETED;
 	return records_logged ? IDEM_DURABILITY_ALL : IDEM_DURABILITY_NONE;
+}
+
+/*
+ * The strongest mode that idem_mode allows: the mode of its row.  No row
+ * (a new installation's 'completed', or no table yet) sets no bound.
+ */
+static IdemDurability
+recorded_durability(Oid fn_oid)
+{
+	Oid			relid = idem_store_table(fn_oid, "idem_mode");
+	IdemDurability mode = IDEM_DURABILITY_ALL;
+
+	if (!OidIsValid(relid))
+		return mode;
+	SPI_connect();
+	if (run_sql(psprintf("SELECT durability FROM %s", qualified_name(relid)),
+				0, NULL, NULL, SPI_OK_SELECT) > 0)
+		mode = durability_from_name(SPI_getvalue(SPI_tuptable->vals[0],
+												 SPI_tuptable->tupdesc, 1));
+	SPI_finish();
+	return mode;
+}
+
+/*
+ * The mode the database promises: the one the tables' persistence makes,
+ * unless idem_mode records a weaker one.  An online switch records the
+ * weaker of its two modes before it moves a record, and its target only
+ * once every record is where the target keeps it, so that a switch cut
+ * short promises no more than its storage holds.  (A switch between
+ * 'completed' and 'all' needs no such record: every step of it keeps what
+ * the tables' persistence promises.)
+ */
+static IdemDurability
+promised_durability(Oid fn_oid)
+{
+	return Min(current_durability(fn_oid), recorded_durability(fn_oid));
 }
 
 /* Both tables, against every other session, until the transaction ends */
@@ -365,6 +403,7 @@ static void check_publications(bool only_this_command);
 static void
 set_durability_and_record(Oid fn_oid, IdemDurability mode)
 {
+	idem_lock_switch(false);
 	switch_tables(fn_oid, mode);
 	record_mode(fn_oid, mode);
 	if (creating_extension)
@@ -399,13 +438,23 @@ idem_set_durability(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/* idem_durability(): the current mode */
+/*
+ * idem_durability(): the mode the database promises.  While the tables
+ * have a stronger one, an online switch has not finished, or was cut short.
+ */
 Datum
 idem_durability(PG_FUNCTION_ARGS)
 {
-	IdemDurability mode =
-		current_durability(fcinfo->flinfo->fn_oid);
+	Oid			fn_oid = fcinfo->flinfo->fn_oid;
+	IdemDurability tables = current_durability(fn_oid);
+	IdemDurability mode = Min(tables, recorded_durability(fn_oid));
 
+	if (mode != tables)
+		ereport(NOTICE,
+				(errmsg("a switch of durability mode has not finished"),
+				 errdetail("The tables are set for mode '%s', but records may not all be where that mode keeps them yet.",
+						   durability_names[tables]),
+				 errhint("A switch that was cut short is finished by calling idem_set_durability_online (or idem_set_durability) again with the mode wanted.")));
 	PG_RETURN_TEXT_P(cstring_to_text(durability_names[mode]));
 }
 
@@ -420,11 +469,15 @@ idem_set_logged(PG_FUNCTION_ARGS)
 
 /* ---- restoring a dump (version 1.4) ---- */
 
+/*
+ * Even when the tables are set for the mode already, records a switch cut
+ * short left in the other table are moved where the mode keeps them.
+ */
 static void
 switch_to(Oid fn_oid, IdemDurability mode)
 {
-	if (current_durability(fn_oid) != mode)
-		switch_tables(fn_oid, mode);
+	idem_lock_switch(false);
+	switch_tables(fn_oid, mode);
 }
 
 /* An inserted row replaces any other: the table has at most one */
@@ -573,7 +626,9 @@ check_publications(bool only_this_command)
 
 /*
  * idem_publication_guard: event trigger at the end of CREATE/ALTER
- * PUBLICATION: that publication is checked.  The install and update
+ * PUBLICATION: that publication is checked; at the end of ALTER TABLE
+ * (which may move a table into a schema published FOR TABLES IN SCHEMA),
+ * every publication.  The install and update
  * scripts check every publication (set_durability_and_record).  idem_mode
  * is always logged, so a publication that takes the extension's tables
  * without naming them always takes it: a later durability switch that
@@ -588,8 +643,8 @@ idem_publication_guard(PG_FUNCTION_ARGS)
 
 	if (!CALLED_AS_EVENT_TRIGGER(fcinfo))
 		elog(ERROR, "idempotency: idem_publication_guard must be an event trigger");
-	(void) trigdata;
-	check_publications(true);
+	/* ALTER TABLE ... SET SCHEMA may take a table into a published schema */
+	check_publications(trigdata->tag != CMDTAG_ALTER_TABLE);
 	PG_RETURN_VOID();
 }
 
@@ -642,7 +697,6 @@ drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
 	IdemStore	store;
 	Oid			relid = from == IDEM_RECORDS ? idem_store_relid(fn_oid) :
 		idem_store_result_relid(fn_oid);
-	IdemDurability mode;
 
 	Assert(OidIsValid(relid));
 
@@ -659,7 +713,15 @@ drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
 					 logged ? "LOGGED" : "UNLOGGED"),
 			0, NULL, NULL, SPI_OK_UTILITY);
 	CacheInvalidateRelcacheByRelid(idem_store_relid(fn_oid));
-	mode = current_durability(fn_oid);
+	PopActiveSnapshot();
+	SPI_commit();
+}
+
+/* Record mode in idem_mode in a transaction of its own */
+static void
+record_mode_now(Oid fn_oid, IdemDurability mode)
+{
+	PushActiveSnapshot(GetTransactionSnapshot());
 	while_switching(record_mode, fn_oid, mode);
 	PopActiveSnapshot();
 	SPI_commit();
@@ -677,6 +739,9 @@ drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
  * both tables are logged.
  */
 PG_FUNCTION_INFO_V1(idem_set_durability_online);
+
+static void switch_online(Oid fn_oid, IdemDurability target, bool want_result_logged,
+						  bool want_record_logged, int64 batch);
 
 Datum
 idem_set_durability_online(PG_FUNCTION_ARGS)
@@ -710,7 +775,33 @@ idem_set_durability_online(PG_FUNCTION_ARGS)
 	want_result_logged = target != IDEM_DURABILITY_NONE;
 	want_record_logged = target == IDEM_DURABILITY_ALL;
 
-	SPI_connect_ext(SPI_OPT_NONATOMIC);
+	/* one switch at a time, across its transactions */
+	idem_lock_switch(true);
+	PG_TRY();
+	{
+		SPI_connect_ext(SPI_OPT_NONATOMIC);
+		/* promise the weaker mode until every record has moved */
+		record_mode_now(fn_oid, Min(promised_durability(fn_oid), target));
+		switch_online(fn_oid, target, want_result_logged, want_record_logged, batch);
+		record_mode_now(fn_oid, target);
+		SPI_finish();
+	}
+	PG_FINALLY();
+	{
+		idem_unlock_switch();
+	}
+	PG_END_TRY();
+	PG_RETURN_VOID();
+}
+
+/*
+ * The steps of an online switch, until the tables' persistence is the
+ * target's and every record is where the target keeps it.
+ */
+static void
+switch_online(Oid fn_oid, IdemDurability target, bool want_result_logged,
+			  bool want_record_logged, int64 batch)
+{
 	for (;;)
 	{
 		Oid			record_relid = idem_store_relid(fn_oid);
@@ -732,6 +823,4 @@ idem_set_durability_online(PG_FUNCTION_ARGS)
 	/* in mode 'completed', what must survive a crash goes to idem_result */
 	if (target == IDEM_DURABILITY_COMPLETED)
 		drain(fn_oid, IDEM_RECORDS, false, batch);
-	SPI_finish();
-	PG_RETURN_VOID();
 }

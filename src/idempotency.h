@@ -296,6 +296,8 @@ PGDLLEXPORT extern void idem_purge_worker_main(Datum arg);
 extern void idem_lock_key(const IdemKey *key);
 extern bool idem_try_lock_key(const IdemKey *key);
 extern void idem_lock_key_until_commit(const IdemKey *key);
+extern void idem_lock_switch(bool session);
+extern void idem_unlock_switch(void);
 extern void idem_unlock_key(const IdemKey *key);
 extern void idem_wait_for_xact(TransactionId xid);
 extern int64 idem_session_holder(void);

@@ -80,6 +80,8 @@
 #define IDEM_LOCK_CLASS_SESSION	0x494D
 #define IDEM_LOCK_CLASS_SESSION_WAITER	0x494E
 #define IDEM_LOCK_CLASS_SESSION_ANCHOR	0x494F
+/* ... + 5: a durability switch of this database */
+#define IDEM_LOCK_CLASS_SWITCH	0x4950
 
 static void
 key_locktag(LOCKTAG *tag, const IdemKey *key, uint16 lock_class)
@@ -145,6 +147,31 @@ idem_unlock_key(const IdemKey *key)
 
 	key_locktag(&tag, key, IDEM_LOCK_CLASS_KEY);
 	LockRelease(&tag, ExclusiveLock, false);
+}
+
+/*
+ * One durability switch at a time in a database: an online one holds this
+ * lock across its transactions (session), a one-transaction switch until
+ * it commits.
+ */
+void
+idem_lock_switch(bool session)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 0, IDEM_LOCK_CLASS_SWITCH);
+	(void) LockAcquire(&tag, ExclusiveLock, session, false);
+}
+
+/* The online switch's lock, held at session level */
+void
+idem_unlock_switch(void)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 0, IDEM_LOCK_CLASS_SWITCH);
+	if (idem_lock_held_by_me(&tag, ExclusiveLock))
+		LockRelease(&tag, ExclusiveLock, true);
 }
 
 /* Sleep until transaction xid (and all of its subtransactions) ends */

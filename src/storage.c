@@ -44,6 +44,9 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/dependency.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_depend.h"
 #include "catalog/pg_am_d.h"
 #include "catalog/pg_collation_d.h"
 #include "catalog/pg_extension_d.h"
@@ -55,6 +58,7 @@
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
 #include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
 #include "rewrite/rewriteHandler.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
@@ -134,8 +138,86 @@ idem_store_member(IdemStore *store, const char *name)
 }
 
 /*
+ * Does the extension have a function called name in schema nsp?  Which of
+ * its tables the installed version has is told by its functions, which a
+ * DBA does not rename: idem_durability came with idem_result (1.3),
+ * idem_mode_restored with idem_mode (1.4).
+ */
+static bool
+member_function(Oid extoid, Oid nsp, const char *name)
+{
+	List	   *qualified = list_make2(makeString(get_namespace_name(nsp)),
+									   makeString(pstrdup(name)));
+	Oid			fn = LookupFuncName(qualified, 0, NULL, true);
+
+	return OidIsValid(fn) &&
+		getExtensionOfObject(ProcedureRelationId, fn) == extoid;
+}
+
+/*
+ * A table or sequence of the extension's that is not where the code looks
+ * for it: renamed, moved, or dropped from the extension.  Any of that is an
+ * error naming it, never a silent change of what the extension does (a
+ * missing idem_result is no reason to serve mode 'none').
+ */
+static void
+missing_member(Oid extoid, Oid nsp, const char *name)
+{
+	Relation	dep;
+	ScanKeyData key[2];
+	SysScanDesc scan;
+	HeapTuple	tup;
+	char	   *elsewhere = NULL;
+	char		relkind = strncmp(name, "idem_token_", 11) == 0 ?
+		RELKIND_SEQUENCE : RELKIND_RELATION;
+	static const char *const members[] = {
+		"idem_record", "idem_result", "idem_mode", "idem_token_seq", "idem_token_epoch"
+	};
+
+	/* name the extension's relation of that kind that is not where it should be */
+	dep = table_open(DependRelationId, AccessShareLock);
+	ScanKeyInit(&key[0], Anum_pg_depend_refclassid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(ExtensionRelationId));
+	ScanKeyInit(&key[1], Anum_pg_depend_refobjid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(extoid));
+	scan = systable_beginscan(dep, DependReferenceIndexId, true, NULL, 2, key);
+	while (elsewhere == NULL && HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		Form_pg_depend d = (Form_pg_depend) GETSTRUCT(tup);
+		char	   *relname;
+		bool		known = false;
+
+		if (d->classid != RelationRelationId || d->deptype != DEPENDENCY_EXTENSION ||
+			get_rel_relkind(d->objid) != relkind)
+			continue;
+		relname = get_rel_name(d->objid);
+		if (relname == NULL)
+			continue;
+		for (int i = 0; i < lengthof(members); i++)
+			known |= strcmp(relname, members[i]) == 0;
+		if (!known || get_rel_namespace(d->objid) != nsp)
+			elsewhere = quote_qualified_identifier(get_namespace_name(get_rel_namespace(d->objid)),
+												   relname);
+	}
+	systable_endscan(scan);
+	table_close(dep, AccessShareLock);
+
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("idempotency relation \"%s\" is missing from schema \"%s\"",
+					name, get_namespace_name(nsp)),
+			 elsewhere ?
+			 errdetail("The extension has it as %s: it was renamed or moved.",
+					   elsewhere) :
+			 errdetail("The installed version of the extension has it, but it is not a member of the extension in that schema."),
+			 errhint("Give it back its name and schema (ALTER TABLE ... RENAME TO / SET SCHEMA); the extension's objects must stay where CREATE EXTENSION put them.")));
+}
+
+/*
  * Find the extension's objects beside the calling function, which must be
- * the extension's own (the extension is not relocatable).
+ * the extension's own (the extension is not relocatable).  Nothing is kept
+ * unless every object the installed version has is found: a failed look-up
+ * is made again by the next call.
  */
 static void
 lookup_relids(Oid fn_oid)
@@ -143,19 +225,32 @@ lookup_relids(Oid fn_oid)
 	Oid			extoid = getExtensionOfObject(ProcedureRelationId, fn_oid);
 	Oid			nsp = get_func_namespace(fn_oid);
 	Oid			relid,
-				seqid;
+				seqid,
+				epochid,
+				resultid;
 
 	if (!OidIsValid(extoid))
 		elog(ERROR, "idempotency: function %u is not a member of the extension",
 			 fn_oid);
 	relid = member_relid(extoid, nsp, "idem_record");
+	if (!OidIsValid(relid))
+		missing_member(extoid, nsp, "idem_record");
 	seqid = member_relid(extoid, nsp, "idem_token_seq");
-	if (!OidIsValid(relid) || !OidIsValid(seqid))
-		elog(ERROR, "idempotency: the extension's record table is missing from schema \"%s\"",
-			 get_namespace_name(nsp));
+	if (!OidIsValid(seqid))
+		missing_member(extoid, nsp, "idem_token_seq");
 
-	epoch_seqid = member_relid(extoid, nsp, "idem_token_epoch");
-	result_relid = member_relid(extoid, nsp, "idem_result");
+	epochid = member_relid(extoid, nsp, "idem_token_epoch");
+	if (!OidIsValid(epochid) && member_function(extoid, nsp, "idem_durability"))
+		missing_member(extoid, nsp, "idem_token_epoch");
+	resultid = member_relid(extoid, nsp, "idem_result");
+	if (!OidIsValid(resultid) && member_function(extoid, nsp, "idem_durability"))
+		missing_member(extoid, nsp, "idem_result");
+	if (!OidIsValid(member_relid(extoid, nsp, "idem_mode")) &&
+		member_function(extoid, nsp, "idem_mode_restored"))
+		missing_member(extoid, nsp, "idem_mode");
+
+	epoch_seqid = epochid;
+	result_relid = resultid;
 	token_seqid = seqid;
 	record_relid = relid;
 	extension_oid = extoid;
