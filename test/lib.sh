@@ -216,8 +216,8 @@ ensure_packages() {
 	fi
 	info "installing missing packages: ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -q || { err "apt-get update failed"; return 1; }
-	apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+	apt-get -o DPkg::Lock::Timeout=600 update -q || { err "apt-get update failed"; return 1; }
+	apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}" ||
 		{ err "apt-get install ${missing[*]} failed"; return 1; }
 	# a package can be "installed" yet lack what we need (e.g. a deleted file)
 	mapfile -t missing < <(missing_packages)
