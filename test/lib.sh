@@ -194,6 +194,9 @@ missing_packages() {
 	# 0.17: both read monitoring/queries.yaml)
 	[[ -x /usr/bin/prometheus-postgres-exporter ]] || echo prometheus-postgres-exporter
 	command -v curl >/dev/null 2>&1 || echo curl
+	# the alerting rules' TAP test (541) checks monitoring/alerts.yaml with
+	# Prometheus' promtool, which Debian ships in the prometheus package
+	[[ -x /usr/bin/promtool ]] || echo prometheus
 	# commands a mode needs besides: "command:package" pairs
 	local need
 	for need in ${EXTRA_COMMANDS:-}; do
