@@ -1,9 +1,9 @@
 --
--- 87_monitoring: what a monitoring role may read (1.4).  A member of
--- pg_monitor, and nothing else, sees every role's records counted by role,
--- operation and state in the view idem_monitor, and may call
--- idem_monitor_counters(); it cannot read a key or a response, and cannot
--- write.  PUBLIC may do neither.
+-- 87_monitoring: what a monitoring role may read (1.4; the state
+-- remembered, 1.5).  A member of pg_monitor, and nothing else, sees every
+-- role's records counted by role, operation and state in the view
+-- idem_monitor, and may call idem_monitor_counters(); it cannot read a key
+-- or a response, and cannot write.  PUBLIC may do neither.
 --
 -- Roles (from 00_setup): regress_idem_a and regress_idem_b are two
 -- applications, regress_idem_nobody any unprivileged role.  This file makes
@@ -34,7 +34,8 @@ SELECT attname, atttypid::regtype
 --
 -- Known records, under operations of this file only ('mon.*'):
 --   A, mon.charge: 2 completed, 1 pending, 1 lapsed (lease over)
---   A, mon.refund: 1 completed made expired (retention over)
+--   A, mon.refund: 1 completed made expired (retention over), 1 completed
+--     with remember made remembered (retention over, key kept: IK410)
 --   B, mon.charge: 1 completed, 1 pending claimed an hour ago
 --   a dropped role, mon.charge: 1 completed
 -- Ages and expiries are set by hand, as only the superuser can.
@@ -48,6 +49,8 @@ SELECT status FROM idem_begin('mon.charge', 'a3', '\xa3');
 SELECT status FROM idem_begin('mon.charge', 'a4', '\xa4');
 SELECT idem_finish('mon.refund', 'a5', token, '{"secret": "resp-a5"}')
   FROM idem_begin('mon.refund', 'a5', '\xa5');
+SELECT idem_finish('mon.refund', 'a6', token, '{"secret": "resp-a6"}')
+  FROM idem_begin('mon.refund', 'a6', '\xa6', remember => '30 days');
 SET ROLE regress_idem_b;
 SELECT idem_finish('mon.charge', 'b1', token, '{"secret": "resp-b1"}')
   FROM idem_begin('mon.charge', 'b1', '\xb1');
@@ -60,7 +63,7 @@ DROP ROLE regress_idem_gone;
 UPDATE idem_record SET expires_at = now() - interval '1 second'
  WHERE operation = 'mon.charge' AND key = 'a4';
 UPDATE idem_record SET expires_at = now() - interval '1 second'
- WHERE operation = 'mon.refund' AND key = 'a5';
+ WHERE operation = 'mon.refund' AND key IN ('a5', 'a6');
 UPDATE idem_record SET created_at = now() - interval '1 hour'
  WHERE operation = 'mon.charge' AND key = 'b2';
 
@@ -76,6 +79,19 @@ SELECT role, operation, state, records,
   FROM idem_monitor
  WHERE operation LIKE 'mon.%'
  ORDER BY role COLLATE "C" NULLS LAST, operation, state;
+-- A's own view of the same records: idem_stats counts the remembered key
+-- as remembered, as idem_inspect names it, not as expired.
+RESET ROLE;
+SET ROLE regress_idem_a;
+SELECT * FROM idem_stats WHERE operation LIKE 'mon.%' ORDER BY operation;
+SELECT key, state FROM (VALUES ('a5'), ('a6')) k(key), idem_inspect('mon.refund', key)
+ ORDER BY key;
+-- a retry of the remembered key is refused (IK410), not run again (the
+-- message's times are the clock's: only the SQLSTATE is shown)
+\set VERBOSITY sqlstate
+SELECT status FROM idem_begin('mon.refund', 'a6', '\xa6');
+\set VERBOSITY default
+SET ROLE regress_idem_monitor;
 -- Its own namespace is empty: idem_stats and idem_inspect show its own
 -- records, not others'.
 SELECT count(*) AS own_stats FROM idem_stats WHERE operation LIKE 'mon.%';
@@ -125,6 +141,18 @@ SELECT role, operation, state, records
  WHERE operation LIKE 'mon.%'
  ORDER BY role COLLATE "C" NULLS LAST, operation, state;
 ROLLBACK;
+
+-- Purge deletes the expired record and keeps the remembered one (without
+-- its response): afterwards no record of this file is expired, and the
+-- remembered key is still counted as remembered.
+SELECT idem_purge() >= 1 AS purged;
+SELECT key, response FROM idem_record WHERE operation = 'mon.refund' ORDER BY key;
+SET ROLE regress_idem_monitor;
+SELECT role, operation, state, records
+  FROM idem_monitor
+ WHERE operation = 'mon.refund'
+ ORDER BY role COLLATE "C" NULLS LAST, operation, state;
+RESET ROLE;
 
 -- The records of this file go, so that later files do not see them.
 DELETE FROM idem_record WHERE operation LIKE 'mon.%';

@@ -396,7 +396,7 @@ ROLLBACK;
 -- the other modes, once it has held a row).
 BEGIN;
 SELECT idem_set_durability('completed');
-ALTER TABLE idem_result DROP COLUMN forget_at;
+ALTER TABLE idem_result DROP COLUMN holder;
 SELECT status FROM idem_begin('recovery', 'x2', NULL);
 \echo :SQLSTATE
 ROLLBACK;

@@ -213,7 +213,8 @@ extern TM_Result idem_store_update(IdemStore *store, const IdemKey *key,
 extern TM_Result idem_store_delete(IdemStore *store, const IdemKey *key,
 								   const IdemRecord *rec);
 typedef void (*IdemRecordCallback) (void *arg, text *operation, bool pending,
-									TimestampTz expires_at);
+									TimestampTz expires_at,
+									TimestampTz forget_at);
 extern void idem_store_scan_role(IdemStore *store, Oid role,
 								 IdemRecordCallback fn, void *arg);
 extern Oid	idem_store_relid(Oid fn_oid);

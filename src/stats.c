@@ -5,7 +5,7 @@
  *	  calling role) and idem_stats (its records per operation).  The
  *	  server-wide counters are in counters.c.  Every role's records, for a
  *	  monitoring role, are counted by the view idem_monitor, in SQL
- *	  (idempotency--1.3--1.4.sql).
+ *	  (idempotency--1.4--1.5.sql), by the same states.
  *
  *-------------------------------------------------------------------------
  */
@@ -25,13 +25,25 @@ PG_FUNCTION_INFO_V1(idem_stats_records);
 
 /*
  * Columns of idem_stats_records() and of idem_inspect(); version 1.4 added
- * three to idem_inspect
+ * three to idem_inspect, version 1.5 one (remembered) to idem_stats_records
  */
-#define STATS_COLS		5
+#define STATS_COLS_1_1	5
+#define STATS_COLS		6
 #define INSPECT_COLS_1_1	9
 #define INSPECT_COLS	12
 
 /* ---- idem_stats: the calling role's records, per operation ---- */
+
+/* The states idem_stats counts, in the order of its columns */
+typedef enum StatsCount
+{
+	STATS_PENDING,
+	STATS_LAPSED,
+	STATS_COMPLETED,
+	STATS_EXPIRED,
+	STATS_REMEMBERED,			/* 1.5 */
+	STATS_NUM_COUNTS
+} StatsCount;
 
 typedef struct StatsState
 {
@@ -39,7 +51,7 @@ typedef struct StatsState
 	TupleDesc	tupdesc;
 	TimestampTz now;
 	text	   *operation;		/* the group being counted, or NULL */
-	int64		counts[4];		/* pending, lapsed, completed, expired */
+	int64		counts[STATS_NUM_COUNTS];
 } StatsState;
 
 static void
@@ -47,21 +59,34 @@ emit_group(StatsState *st)
 {
 	Datum		values[STATS_COLS];
 	bool		nulls[STATS_COLS] = {0};
+	int			natts = st->tupdesc->natts;
 
-	Assert(st->tupdesc->natts == STATS_COLS);
+	if (natts != STATS_COLS && natts != STATS_COLS_1_1)
+		elog(ERROR, "idempotency: idem_stats_records() must return %d columns", STATS_COLS);
 	if (st->operation == NULL)
 		return;
 	values[0] = PointerGetDatum(st->operation);
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < natts - 1; i++)
 		values[i + 1] = Int64GetDatum(st->counts[i]);
+	/* the definition of 1.1 to 1.4 counts remembered records as expired */
+	if (natts == STATS_COLS_1_1)
+		values[1 + STATS_EXPIRED] =
+			Int64GetDatum(st->counts[STATS_EXPIRED] + st->counts[STATS_REMEMBERED]);
 	tuplestore_putvalues(st->store, st->tupdesc, values, nulls);
 }
 
+/*
+ * A record's state, as idem_inspect names it: a completed record past its
+ * retention is remembered until forget_at, then expired (README, "When a
+ * worker dies")
+ */
 static void
-count_record(void *arg, text *operation, bool pending, TimestampTz expires_at)
+count_record(void *arg, text *operation, bool pending, TimestampTz expires_at,
+			 TimestampTz forget_at)
 {
 	StatsState *st = (StatsState *) arg;
 	bool		expired = expires_at <= st->now;
+	StatsCount	state;
 
 	/* records arrive in operation order: a new operation closes a group */
 	if (st->operation == NULL ||
@@ -73,7 +98,13 @@ count_record(void *arg, text *operation, bool pending, TimestampTz expires_at)
 		st->operation = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(operation));
 		memset(st->counts, 0, sizeof(st->counts));
 	}
-	st->counts[(pending ? 0 : 2) + (expired ? 1 : 0)]++;
+	if (pending)
+		state = expired ? STATS_LAPSED : STATS_PENDING;
+	else if (!expired)
+		state = STATS_COMPLETED;
+	else
+		state = forget_at > st->now ? STATS_REMEMBERED : STATS_EXPIRED;
+	st->counts[state]++;
 }
 
 Datum

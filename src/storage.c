@@ -1286,8 +1286,9 @@ record_cmp(IdemStore *store, RoleScan *a, RoleScan *b)
 /*
  * Call fn for every committed record of one role, in (operation, key)
  * order, as the active snapshot sees them: the two tables' primary keys
- * are read side by side and merged.  For statistics: nothing here waits or
- * locks, and responses are not read.
+ * are read side by side and merged.  fn gets each record's operation,
+ * whether it is pending, expires_at and forget_at (0: none).  For
+ * statistics: nothing here waits or locks, and responses are not read.
  */
 void
 idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *arg)
@@ -1316,7 +1317,9 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 	{
 		RoleScan   *next = NULL;
 		bool		pending;
+		bool		isnull;
 		TimestampTz expires_at;
+		Datum		forget_at;
 		text	   *operation;
 
 		for (int t = 0; t < store->ntables; t++)
@@ -1329,7 +1332,9 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 		operation = DatumGetTextPP(required_column(store, next->table, next->slot, IDEM_COL_OPERATION));
 		(void) column(store, next->table, next->slot, IDEM_COL_COMPLETED_AT, &pending);
 		expires_at = DatumGetTimestampTz(required_column(store, next->table, next->slot, IDEM_COL_EXPIRES_AT));
-		fn(arg, operation, pending, expires_at);
+		forget_at = column(store, next->table, next->slot, IDEM_COL_FORGET_AT, &isnull);
+		fn(arg, operation, pending, expires_at,
+		   isnull ? 0 : DatumGetTimestampTz(forget_at));
 		role_scan_next(next);
 	}
 

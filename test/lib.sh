@@ -194,6 +194,9 @@ missing_packages() {
 	# 0.17: both read monitoring/queries.yaml)
 	[[ -x /usr/bin/prometheus-postgres-exporter ]] || echo prometheus-postgres-exporter
 	command -v curl >/dev/null 2>&1 || echo curl
+	# the alerting rules' TAP test (541) checks monitoring/alerts.yaml with
+	# Prometheus' promtool, which Debian ships in the prometheus package
+	[[ -x /usr/bin/promtool ]] || echo prometheus
 	# commands a mode needs besides: "command:package" pairs
 	local need
 	for need in ${EXTRA_COMMANDS:-}; do
@@ -216,8 +219,8 @@ ensure_packages() {
 	fi
 	info "installing missing packages: ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -q || { err "apt-get update failed"; return 1; }
-	apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+	apt-get -o DPkg::Lock::Timeout=600 update -q || { err "apt-get update failed"; return 1; }
+	apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}" ||
 		{ err "apt-get install ${missing[*]} failed"; return 1; }
 	# a package can be "installed" yet lack what we need (e.g. a deleted file)
 	mapfile -t missing < <(missing_packages)

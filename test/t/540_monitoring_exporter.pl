@@ -6,12 +6,15 @@
 # --extend.query-path, connects as a role that is a member of pg_monitor
 # and nothing else, to a server with idempotency preloaded.  After known
 # traffic -- claims, replays, key reuse, a refusal of a key in progress, an
-# abort, a takeover and a fenced finish, a wait, a purge -- /metrics,
-# scraped with curl, shows:
+# abort, a takeover and a fenced finish, a recovery (a takeover of a claim
+# with a checkpoint), a retry of a remembered key (IK410), a wait, a purge
+# -- /metrics, scraped with curl, shows:
 #
 #  - idempotency_store_records{role, operation, state}: exactly the
 #    records of every role, a dropped role's under role="", and nothing
-#    else; idempotency_store_oldest_age_seconds for a claim an hour old;
+#    else; a remembered key as state="remembered", not "expired" (purge
+#    keeps it); idempotency_store_oldest_age_seconds for a claim an hour
+#    old;
 #  - every idempotency_*_total counter with its exact value (the wait time
 #    within bounds), in seconds where it is a time;
 #  - no key and no response anywhere.
@@ -111,9 +114,15 @@ my @traffic = (
 	[ $sa, q{SELECT idem_finish('payment.charge', 'ord-5', :first_token, '{"charge": "ch_secret_5"}')}, 'IK412' ],
 	# ord-6: a claim left to lapse
 	[ $sa, q{SELECT status FROM idem_begin('payment.charge', 'ord-6', '\x06', lease => '1 ms')}, '00000', 'new' ],
-	# app_a, payment.refund: ref-1 completed, made expired below
+	# ord-7: a claim with a checkpoint, made lapsed below and recovered
+	[ $sa, q{SELECT idem_checkpoint('payment.charge', 'ord-7', token, '{"step": 1}')
+	          FROM idem_begin('payment.charge', 'ord-7', '\x07', lease => '1 hour')}, '00000' ],
+	# app_a, payment.refund: ref-1 completed, made expired below; ref-2
+	# completed with remember, made remembered below
 	[ $sa, q{SELECT idem_finish('payment.refund', 'ref-1', token, '{"charge": "ch_secret_r1"}')
 	          FROM idem_begin('payment.refund', 'ref-1', '\x11')}, '00000' ],
+	[ $sa, q{SELECT idem_finish('payment.refund', 'ref-2', token, '{"charge": "ch_secret_r2"}')
+	          FROM idem_begin('payment.refund', 'ref-2', '\x12', remember => '30 days')}, '00000' ],
 	# App B, payment.charge: b-1 completed, b-2 pending, claimed an hour ago (below)
 	[ $sb, q{SELECT idem_finish('payment.charge', 'b-1', token, '{"charge": "ch_secret_b1"}')
 	          FROM idem_begin('payment.charge', 'b-1', '\xb1')}, '00000' ],
@@ -133,8 +142,21 @@ for my $t (@traffic)
 	is($out, $want_out, "traffic: $what returns $want_out") if defined $want_out;
 }
 expire('payment.refund', 'ref-1', "expires_at = now() - interval '1 second'");
+expire('payment.refund', 'ref-2', "expires_at = now() - interval '1 second'");
 expire('payment.charge', 'b-2', "created_at = now() - interval '1 hour'");
 $node->safe_psql('postgres', 'DROP ROLE app_gone');
+
+# ref-2 is remembered: a retry is refused with IK410.  ord-7's lease is
+# over: the next attempt recovers it from its checkpoint, and stays pending.
+expire('payment.charge', 'ord-7', "expires_at = now() - interval '1 second'");
+for my $t (
+	[ q{SELECT status FROM idem_begin('payment.refund', 'ref-2', '\x12')}, 'IK410', '' ],
+	[ q{SELECT status FROM idem_begin('payment.charge', 'ord-7', '\x07', lease => '1 hour')}, '00000', 'recover' ])
+{
+	my ($sql, $want_state, $want_out) = @$t;
+	my ($out, $state, $err) = run_sql($sa, "$sql;");
+	is("$state|$out", "$want_state|$want_out", "$sql -> $want_state $want_out") or diag($err);
+}
 
 # A wait: App B's w-1 is claimed and finished in an open transaction; a
 # duplicate waits for it, and replays once it commits.
@@ -204,9 +226,10 @@ for my $line (split /\n/, $metrics)
 # records, exactly
 my %want_records = (
 	'app_a|payment.charge|completed' => 2,    # ord-1, ord-2
-	'app_a|payment.charge|pending'   => 2,    # ord-3, ord-5 (taken over)
+	'app_a|payment.charge|pending'   => 3,    # ord-3, ord-5 (taken over), ord-7 (recovered)
 	'app_a|payment.charge|lapsed'    => 1,    # ord-6
 	'app_a|payment.refund|expired'   => 1,    # ref-1 (ref-0 purged)
+	'app_a|payment.refund|remembered' => 1,   # ref-2
 	'App B|payment.charge|completed' => 1,    # b-1
 	'App B|payment.charge|pending'   => 1,    # b-2
 	'App B|payment.capture|completed' => 1,   # w-1
@@ -227,15 +250,17 @@ ok(defined $age && $age >= 3600 && $age < 3600 + $PostgreSQL::Test::Utils::timeo
 
 # counters, exactly (the wait time: more than nothing, less than the test)
 my %want_counters = (
-	claims_total               => 13,    # ref-0, ord-1..6 (ord-5 twice), ref-1, b-1, b-2, g-1, w-1
+	claims_total               => 16,    # ref-0, ord-1..7 (ord-5 and ord-7 twice), ref-1, ref-2, b-1, b-2, g-1, w-1
 	replays_total              => 3,     # ord-1 twice, w-1's duplicate
 	waits_total                => 1,
 	in_progress_refusals_total => 1,
 	key_reuse_refusals_total   => 1,
-	takeovers_total            => 1,
+	takeovers_total            => 2,     # ord-5, ord-7
 	fencing_refusals_total     => 1,
 	aborts_total               => 1,
 	purged_total               => 1,
+	recoveries_total           => 1,     # ord-7
+	expired_refusals_total     => 1,     # ref-2
 );
 for my $c (sort keys %want_counters)
 {
@@ -254,7 +279,7 @@ my @unexpected = sort grep {
 		&& (exists $want_counters{$1} || $1 eq 'wait_seconds_total'))
 } keys %sample;
 is_deeply(\@unexpected, [], 'no other idempotency_ metric');
-unlike($metrics, qr/ord-|ref-|\bb-[12]\b|w-1|g-1|ch_secret/, 'no key and no response in /metrics');
+unlike($metrics, qr/ord-|ref-|\bb-[12]\b|w-1|g-1|ch_secret|"step"/, 'no key, response or checkpoint in /metrics');
 
 # the exporter's role can read no record itself
 my ($rc, $stdout, $stderr) = $node->psql('postgres',
