@@ -301,11 +301,14 @@ SELECT idem_finish('recovery', 'r1', (idem_begin('recovery', 'r1', NULL, ttl => 
 SELECT remembered_until - completed_at AS remembered FROM idem_inspect('recovery', 'r1');
 SELECT idem_finish('recovery', 'r2', (idem_begin('recovery', 'r2', NULL, ttl => '1 min', remember => '0')).token, '1');
 SELECT remembered_until FROM idem_inspect('recovery', 'r2');
--- the setting shorter than the ttl (here the default, 24 h): 22023
+-- the setting shorter than the ttl (here the default, 24 h) adds nothing
+-- to the call: its key is kept for the ttl, as with 0; an argument that
+-- short is still an error
 SELECT status FROM idem_begin('recovery', 'r3', NULL);
+SELECT remembered_until FROM idem_inspect('recovery', 'r3');
+SELECT status FROM idem_begin('recovery', 'r3b', NULL, remember => '1 min');
 \echo :SQLSTATE
 RESET idempotency.remember;
-SELECT status FROM idem_begin('recovery', 'r3', NULL);
 
 --
 -- idem_inspect: the new columns, and every state.

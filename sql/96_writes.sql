@@ -1,8 +1,9 @@
 --
--- 96_writes: the executor state a transaction's writes keep (version 1.4).
--- The first write of a transaction to a table builds it, the later ones use
--- it again; whatever the transaction does to the table in between must be
--- seen by the next write, and nothing the state holds may outlive it.
+-- 96_writes: the writes of one transaction to the record table, with DDL,
+-- triggers, savepoints and errors between them.  Each write builds its own
+-- executor state and frees it: whatever the transaction does to the table
+-- between two writes is seen by the next one, and nothing a write holds
+-- outlives it.
 --
 \set VERBOSITY default
 
@@ -32,7 +33,7 @@ SELECT (idem_begin('writes', 'k2', NULL)).status;
 COMMIT;
 SELECT * FROM check_indexes();
 SELECT count(*) FROM idem_record WHERE completed_at IS NOT NULL AND operation = 'writes';
--- ... and dropped in the transaction after writes: the state holds no
+-- ... and dropped in the transaction after writes: no write holds a
 -- reference that makes DROP INDEX refuse
 BEGIN;
 SELECT (idem_begin('writes', 'k3', NULL)).token AS t3 \gset
@@ -110,7 +111,7 @@ END $$;
 COMMIT;
 SELECT count(*) FROM idem_record WHERE operation = 'writes' AND completed_at IS NOT NULL;
 DROP TRIGGER fail_on_bad ON idem_record;
--- a savepoint that made the state and was rolled back, not part-way
+-- a savepoint whose write was rolled back, not part-way
 BEGIN;
 SAVEPOINT s;
 SELECT (idem_begin('writes', 'k8', NULL)).status;
@@ -120,7 +121,7 @@ COMMIT;
 SELECT (idem_begin('writes', 'k8', NULL)).response;
 
 -- 5. A write from within a write: a trigger on idem_record that claims
--- another key.  The inner write gets a state of its own.
+-- another key.  The inner write has a state of its own.
 CREATE FUNCTION claim_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF NEW.operation = 'writes' AND NEW.key = 'outer' THEN
@@ -158,7 +159,7 @@ DROP TABLE writes_log;
 DROP FUNCTION log_write();
 
 -- 7. TRUNCATE and a rewrite in the transaction after writes, then more
--- writes: the state holds no reference that makes them refuse.
+-- writes: no write holds a reference that makes them refuse.
 BEGIN;
 SELECT (idem_begin('writes', 'k9', NULL)).status;
 TRUNCATE idem_record;
@@ -170,21 +171,44 @@ SELECT 'k9' AS key, state FROM idem_inspect('writes', 'k9') UNION ALL
 SELECT 'k10', state FROM idem_inspect('writes', 'k10');
 SELECT * FROM check_indexes();
 
--- 8. Many writes in one transaction: the kept state does not grow with
--- them (its memory context is named after the table).
+-- 8. Many writes in one transaction leave nothing behind: from 200 keys
+-- to 20,200 (40,000 writes more) the backend's memory grows by less than
+-- 1 MB -- not counting the combo command ids, which any transaction that
+-- updates its own rows needs (an executor state left behind would be
+-- kilobytes a write).
 BEGIN;
 SELECT count(idem_finish('writes', 'many' || i,
                          (idem_begin('writes', 'many' || i, NULL)).token, '"m"'))
   FROM generate_series(1, 200) i;
-SELECT total_bytes AS bytes_after_200 FROM pg_backend_memory_contexts
- WHERE ident = 'idem_record' \gset
+SELECT sum(total_bytes) AS bytes_after_200 FROM pg_backend_memory_contexts
+ WHERE name <> 'Combo CIDs' \gset
 SELECT count(idem_finish('writes', 'more' || i,
                          (idem_begin('writes', 'more' || i, NULL)).token, '"m"'))
   FROM generate_series(1, 20000) i;
-SELECT total_bytes <= :bytes_after_200 AS no_growth FROM pg_backend_memory_contexts
- WHERE ident = 'idem_record';
+SELECT sum(total_bytes) - :bytes_after_200 < 1024 * 1024 AS no_growth
+  FROM pg_backend_memory_contexts WHERE name <> 'Combo CIDs';
 COMMIT;
-SELECT count(*) FROM pg_backend_memory_contexts WHERE ident = 'idem_record';
+
+-- 9. CREATE EXTENSION and claims rolled back in the same transaction, by a
+-- savepoint and by a PL/pgSQL exception block: no reference to a table is
+-- left behind (no WARNING about a relcache entry's refcount at the end).
+DROP EXTENSION idempotency;
+BEGIN;
+CREATE EXTENSION idempotency;
+SAVEPOINT s;
+SELECT status FROM idem_begin('writes', 'sp1', NULL);
+ROLLBACK TO SAVEPOINT s;
+DO $$
+BEGIN
+  PERFORM idem_begin('writes', 'sp2', NULL);
+  RAISE EXCEPTION 'undo';
+EXCEPTION WHEN raise_exception THEN
+  NULL;
+END $$;
+SELECT status FROM idem_begin('writes', 'sp3', NULL);
+COMMIT;
+SELECT key FROM idem_record WHERE operation = 'writes' ORDER BY key;
+SELECT idem_set_durability('none');
 
 DROP FUNCTION check_indexes();
 DROP FUNCTION skip_row();

@@ -45,6 +45,7 @@
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "nodes/parsenodes.h"
+#include "storage/lmgr.h"
 #include "fmgr.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -155,6 +156,7 @@ Datum
 idem_purge(PG_FUNCTION_ARGS)
 {
 	int32		max_rows;
+	Oid			record_relid;
 	Oid			result_relid;
 	uint64		deleted = 0;
 
@@ -165,14 +167,23 @@ idem_purge(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("argument \"%s\" must be positive", "max_rows")));
 
+	record_relid = idem_store_relid(fcinfo->flinfo->fn_oid);
 	result_relid = idem_store_result_relid(fcinfo->flinfo->fn_oid);
+
+	/*
+	 * Lock the tables in the order everything else does, idem_record
+	 * first: a switch that holds idem_record and waits for idem_result
+	 * must not find us holding idem_result and waiting for idem_record.
+	 */
+	LockRelationOid(record_relid, RowExclusiveLock);
+	if (OidIsValid(result_relid))
+		LockRelationOid(result_relid, RowExclusiveLock);
 
 	SPI_connect();
 	if (OidIsValid(result_relid))
 		deleted = purge_table(result_relid, max_rows);
 	if (deleted < (uint64) max_rows)
-		deleted += purge_table(idem_store_relid(fcinfo->flinfo->fn_oid),
-							   max_rows - (int32) deleted);
+		deleted += purge_table(record_relid, max_rows - (int32) deleted);
 	SPI_finish();
 
 	idem_count(IDEM_COUNT_PURGED, (int64) deleted);

@@ -495,6 +495,14 @@ idem_begin(PG_FUNCTION_ARGS)
 				 errmsg("idempotency ttl must be at least 1 minute")));
 	if (req.lease > ttl_usecs)
 		raise_lease_over_ttl(req.lease, &req.ttl);
+	/*
+	 * A default from idempotency.remember that is shorter than this call's
+	 * ttl adds nothing to it: the key is kept for the ttl, as with 0.  Only
+	 * an argument that says so is an error.
+	 */
+	if (req.remember != 0 && req.remember < ttl_usecs &&
+		(PG_NARGS() <= 7 || PG_ARGISNULL(7)))
+		req.remember = 0;
 	if (req.remember != 0 && req.remember < ttl_usecs)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -25,7 +25,6 @@ _PG_init(void)
 	idem_admin_init();			/* publish_records */
 	idem_counters_init();		/* shared memory, when preloaded */
 	idem_store_init();			/* forget cached OIDs on invalidation */
-	idem_writer_init();			/* keep write state per transaction */
 
 	MarkGUCPrefixReserved("idempotency");
 }

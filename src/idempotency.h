@@ -11,7 +11,7 @@
  *	                 idem_renew / idem_checkpoint
  *	  storage.c      the record tables: their shape, look-ups, writes through
  *	                 the executor (each one verified), moves between them
- *	  writer.c       the executor state of those writes, kept per transaction
+ *	  writer.c       the executor state of one of those writes
  *	  tokens.c       fencing tokens: epochs and counts
  *	  locks.c        the per-key lock, waiting for a claim and waking waiters,
  *	                 the session lock of 'session' claims
@@ -225,30 +225,23 @@ extern int64 idem_store_move_batch(IdemStore *store, int from, bool all,
 								   int64 max_rows);
 extern void idem_store_init(void);
 
-/* ---- the executor state of writes (writer.c) ---- */
+/* ---- the executor state of one write (writer.c) ---- */
 
 typedef struct IdemWriter
 {
 	Relation	heap;			/* the table written */
-	ResourceOwner owner;		/* its references; NULL: used for one write */
 	EState	   *estate;
 	ResultRelInfo *rri;			/* the table, with all its indexes open */
-	EPQState	epq;
+	EPQState	epq;			/* set up only with row triggers */
 	TupleTableSlot *slot;		/* the new version */
 	TupleTableSlot *oldslot;	/* the version replaced or deleted */
 	ExprState **defaults;		/* per column, prepared when first needed */
 	bool		row_triggers;	/* the table has row triggers */
-	bool		writing;		/* between idem_writer_begin and _end */
-	SubTransactionId write_subid;	/* where the write began */
-	bool		building;		/* being built, or its build failed */
-	bool		stale;			/* the table or an index changed since */
-	bool		in_doubt;		/* a write failed part-way */
 } IdemWriter;
 
-extern IdemWriter *idem_writer_begin(Relation heap, int table);
+extern IdemWriter *idem_writer_begin(Relation heap);
 extern void idem_writer_end(IdemWriter *w);
 extern Datum idem_writer_default(IdemWriter *w, AttrNumber att, bool *isnull);
-extern void idem_writer_init(void);
 
 /* ---- fencing tokens (tokens.c) ---- */
 

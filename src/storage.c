@@ -18,9 +18,8 @@
  * writes a table (ExecOpenIndices, ExecSimpleRelationInsert/Update/Delete):
  * every index the catalog marks ready -- one a DBA added, one REINDEX
  * CONCURRENTLY is building -- constraints, and row triggers (pg_repack's
- * log trigger among them) see every write, as they would an INSERT.  The
- * executor state is built by the transaction's first write to a table and
- * kept for its later ones (writer.c).
+ * log trigger among them) see every write, as they would an INSERT.  Each
+ * write builds its executor state and frees it (writer.c).
  *
  * A rewrite of the table (VACUUM FULL, CLUSTER, SET LOGGED, SET TABLESPACE)
  * moves every row, so a physical location is good only while the table is
@@ -867,7 +866,7 @@ write_begin(IdemStore *store, int table, RecordWrite *w)
 
 	w->store = store;
 	w->table = table;
-	w->wr = idem_writer_begin(store->heap[table], table);
+	w->wr = idem_writer_begin(store->heap[table]);
 	w->slot = w->wr->slot;
 	w->oldslot = w->wr->oldslot;
 }
