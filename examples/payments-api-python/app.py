@@ -22,7 +22,7 @@ import json
 import os
 import re
 from datetime import timedelta, timezone
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from fastapi import FastAPI, Request
 from psycopg_pool import AsyncConnectionPool
@@ -42,7 +42,7 @@ JSON = "application/json; charset=utf-8"
 
 def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=30),
                wait_timeout_ms: int = 10000, provider_delay_ms: int = 300,
-               flaky_customers: tuple = ()) -> FastAPI:
+               flaky_customers: Tuple[str, ...] = ()) -> FastAPI:
     """The API over the database the libpq environment names."""
     pool = AsyncConnectionPool("", min_size=2, max_size=10, open=False, name="payments-api")
     claim_pool = AsyncConnectionPool(

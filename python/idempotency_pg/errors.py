@@ -9,7 +9,7 @@ its ``__cause__``.  SQLSTATEs not listed here (``40001``, ``57014``,
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional, Type
+from typing import Any, Dict, Optional, Type
 
 import psycopg
 
@@ -99,7 +99,7 @@ class RecoveryNeededError(IdempotencyError):
     ``token`` holds the key until its lease lapses, ``state`` is the last
     checkpoint's state.  HTTP: 500."""
 
-    def __init__(self, operation: str, key: str, token: int, state: object) -> None:
+    def __init__(self, operation: str, key: str, token: int, state: Any) -> None:
         super().__init__(f"idempotency key {key!r} of {operation!r} was taken over with a "
                          "checkpoint, and no recover= callback was given")
         self.operation = operation
@@ -122,7 +122,7 @@ class ResponseNotStoredError(IdempotencyError):
     (python/README.md, "When the result cannot be stored").  ``result`` is the
     function's result, as it was returned.  HTTP: 500."""
 
-    def __init__(self, operation: str, key: str, token: int, result: object, cause: BaseException, *,
+    def __init__(self, operation: str, key: str, token: int, result: Any, cause: BaseException, *,
                  sqlstate: Optional[str], detail: Optional[str], checkpointed: bool) -> None:
         then = ("the claim is left pending with a checkpoint: the next attempt gets 'recover'"
                 if checkpointed else

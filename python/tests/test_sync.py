@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Iterator, List
+from typing import Any, Dict, Iterator, List
 
 import psycopg
 import pytest
@@ -27,7 +27,7 @@ class Provider:
         self.gate.set()
         self.fail_next = False
 
-    def charge(self, order_id: str, amount: int, key: str) -> dict:
+    def charge(self, order_id: str, amount: int, key: str) -> Dict[str, Any]:
         self.calls.append((order_id, amount, key))
         assert self.gate.wait(30)
         if self.fail_next:
