@@ -111,8 +111,9 @@ def test_begin_keeps_its_connection_until_the_claim_ends(admin: psycopg.Connecti
     """coordinator.begin: a 'new' claim keeps its connection checked out of
     the claim pool until finish (then it goes back), a replay's goes back at once."""
     with ConnectionPool("", min_size=1, max_size=2, timeout=10, open=True) as pool, \
-            ConnectionPool("", min_size=2, max_size=2, timeout=10, open=True) as claims, \
+            ConnectionPool("", min_size=2, max_size=2, timeout=10, open=False) as claims, \
             idem.Coordinator(pool, claim_pool=claims) as coordinator:
+        claims.open(wait=True)
         key = new_key("held")
         claim = coordinator.begin("op.held", key, idem.fingerprint())
         assert claims.get_stats()["pool_available"] == 1
