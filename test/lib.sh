@@ -150,7 +150,8 @@ end_children() {
 # The python suite's modules and their Debian packages (the same names in
 # bookworm, trixie and sid); test/chroot.sh installs them in the chroots.
 PYTHON_MODULES="psycopg:python3-psycopg psycopg_pool:python3-psycopg-pool pytest:python3-pytest
-	pydantic:python3-pydantic fastapi:python3-fastapi uvicorn:python3-uvicorn httpx:python3-httpx"
+	pydantic:python3-pydantic fastapi:python3-fastapi uvicorn:python3-uvicorn httpx:python3-httpx
+	mypy:python3-mypy"
 
 pkg_installed() {
 	dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null | grep -qx installed

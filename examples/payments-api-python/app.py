@@ -8,7 +8,19 @@ Run: ``uvicorn --factory app:from_env`` with the libpq environment naming a
 database that has ../payments-api/schema.sql.  Settings (all optional):
 IN_FLIGHT=wait|raise, LEASE_S=30, WAIT_TIMEOUT_MS=10000 (longest a retry
 waits for a running request before it gets 409), PROVIDER_DELAY_MS=300,
-PROVIDER_FLAKY_CUSTOMERS=a,b.
+PROVIDER_FLAKY_CUSTOMERS=a,b, RECOVERY=off (no session takeover nor
+checkpoints even when the extension has them).
+
+Recovery (the extension's version 1.4 and later), as in
+examples/payments-api/app.js: the claim is made with takeover => 'session',
+and a checkpoint says the provider is about to be called with the key.  If
+this process dies (kill -9, OOM) its connections close, the claim lapses at
+once instead of after its lease, and the next attempt's idem_begin answers
+'recover' with that checkpoint: the provider may have charged, so the new
+owner (``recover_charge``) asks the provider for the charge made with the
+key before charging, and finishes with it.  Against 1.3 the claim is a plain
+leased one: a retry waits for the lease, then calls the provider again with
+the same key, which the provider deduplicates.
 
 Two pools, as README's rule says: a waiting claim holds its connection until
 the first attempt finishes, so claims go through ``claim_pool`` and the
@@ -22,8 +34,9 @@ import json
 import os
 import re
 from datetime import timedelta, timezone
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
+import psycopg
 from fastapi import FastAPI, Request
 from psycopg_pool import AsyncConnectionPool
 from starlette.exceptions import HTTPException
@@ -38,28 +51,28 @@ OPERATION = "payment.charge"
 CURRENCY = re.compile(r"[A-Z]{3}")
 MAX_AMOUNT = 99_999_999_999  # minor units
 JSON = "application/json; charset=utf-8"
+HAS_RECOVERY = "SELECT to_regprocedure('idem_checkpoint(text,text,bigint,jsonb)') IS NOT NULL"
 
 
 def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=30),
                wait_timeout_ms: int = 10000, provider_delay_ms: int = 300,
-               flaky_customers: tuple = ()) -> FastAPI:
+               flaky_customers: Tuple[str, ...] = (), recovery: bool = False) -> FastAPI:
     """The API over the database the libpq environment names."""
     pool = AsyncConnectionPool("", min_size=2, max_size=10, open=False, name="payments-api")
     claim_pool = AsyncConnectionPool(
         "", min_size=2, max_size=10, open=False, name="payments-api claims",
         kwargs={"autocommit": True, "options": f"-c statement_timeout={int(wait_timeout_ms)}"})
     provider_pool = AsyncConnectionPool("", min_size=2, max_size=10, open=False, name="provider")
-    coordinator = idem.AsyncCoordinator(pool, claim_pool=claim_pool, in_flight=in_flight, lease=lease)
+    coordinator = idem.AsyncCoordinator(pool, claim_pool=claim_pool, in_flight=in_flight, lease=lease,
+                                        takeover="session" if recovery else None)
     provider = Provider(provider_pool, delay_ms=provider_delay_ms, flaky_customers=flaky_customers)
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
-    # The fingerprint covers what makes a charge *this* charge: a retry may
-    # carry another description or trace id.
-    @coordinator.idempotent(operation=OPERATION, fingerprint_params=("customer", "amount", "currency"))
-    async def charge(customer: str, amount: int, currency: str, *, idempotency_key: str) -> Dict[str, Any]:
-        result = await provider.charge(idempotency_key, customer, amount, currency)
-        # the API's own record of the charge (a retry after a lost finish
-        # gets the same charge from the provider: recorded once)
+    async def record(result: Dict[str, Any], customer: str, amount: int, currency: str,
+                     idempotency_key: str) -> Dict[str, Any]:
+        """The API's own record of the charge the provider made, and the
+        response to store (a retry that gets the same charge from the
+        provider records it once)."""
         async with pool.connection() as conn:
             await conn.execute(
                 "INSERT INTO charges (id, idempotency_key, customer, amount, currency, created_at)"
@@ -69,6 +82,27 @@ def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=
         return {"status": 201, "headers": {"location": f"/charges/{result['id']}"},
                 "body": {"id": result["id"], "object": "charge", "customer": customer,
                          "amount": amount, "currency": currency, "created": result["created"]}}
+
+    async def recover_charge(state: Any, customer: str, amount: int, currency: str, *,
+                             idempotency_key: str) -> Dict[str, Any]:
+        """'recover': an attempt died after its checkpoint, maybe after the
+        provider charged.  Ask the provider first; charge (with the same key,
+        which it deduplicates) only if it has no charge for the key."""
+        result = await provider.find(idempotency_key, customer, amount, currency)
+        if result is None:
+            result = await provider.charge(idempotency_key, customer, amount, currency)
+        return await record(result, customer, amount, currency, idempotency_key)
+
+    # The fingerprint covers what makes a charge *this* charge: a retry may
+    # carry another description or trace id.
+    @coordinator.idempotent(operation=OPERATION, fingerprint_params=("customer", "amount", "currency"),
+                            recover=recover_charge)
+    async def charge(customer: str, amount: int, currency: str, *, idempotency_key: str) -> Dict[str, Any]:
+        if recovery:
+            # what the next owner is told if this process dies from here on
+            await idem.current_claim().checkpoint({"provider_key": idempotency_key})
+        result = await provider.charge(idempotency_key, customer, amount, currency)
+        return await record(result, customer, amount, currency, idempotency_key)
 
     @app.on_event("startup")
     async def open_pools() -> None:
@@ -158,10 +192,19 @@ def validate_charge(body: Any) -> Optional[str]:
     return None
 
 
+def has_recovery() -> bool:
+    """Whether the database's extension has session takeover and checkpoints
+    (version 1.4 and later)."""
+    with psycopg.connect("") as conn:
+        row = conn.execute(HAS_RECOVERY).fetchone()
+    return bool(row and row[0])
+
+
 def from_env() -> FastAPI:
     """The app configured from the environment (``uvicorn --factory app:from_env``)."""
     env = os.environ
     return create_app(
+        recovery=env.get("RECOVERY") != "off" and has_recovery(),
         in_flight=env.get("IN_FLIGHT", "wait"),
         lease=timedelta(seconds=float(env.get("LEASE_S", "30"))),
         wait_timeout_ms=int(env.get("WAIT_TIMEOUT_MS", "10000")),

@@ -9,16 +9,19 @@ as real payment providers do (and as ``payments-api/provider.js`` does): a
 second call with the same key returns the first charge and charges nothing.
 Each call is counted (``calls``), so a test sees an API that called twice
 even though the customer was charged once; a call that reuses a key with
-other parameters is refused.  For ``flaky_customers`` the first call per key
+other parameters is refused.  ``find`` answers whether a charge was made with
+a key (the API asks it after taking over a dead attempt's claim, app.py).  For ``flaky_customers`` the first call per key
 times out without charging: errors must not be cached."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import timezone
-from typing import Any, Dict, Iterable, Set
+from typing import Any, Dict, Iterable, Optional, Set, Tuple
 
 from psycopg_pool import AsyncConnectionPool
+
+FIND_SQL = "SELECT id, created_at, customer, amount, currency FROM provider_charges WHERE provider_key = %s::text"
 
 CHARGE_SQL = (
     "INSERT INTO provider_charges AS p (provider_key, customer, amount, currency)"
@@ -39,6 +42,15 @@ class Provider:
         self.flaky = set(flaky_customers)
         self.failed_once: Set[str] = set()
 
+    async def find(self, idempotency_key: str, customer: str, amount: int,
+                   currency: str) -> Optional[Dict[str, Any]]:
+        """The charge made with this key, or ``None`` (a real provider's
+        "list charges by idempotency key"); it charges nothing."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(FIND_SQL, (idempotency_key,))
+            row = await cur.fetchone()
+        return None if row is None else self._answer(row, idempotency_key, customer, amount, currency)
+
     async def charge(self, idempotency_key: str, customer: str, amount: int, currency: str) -> Dict[str, Any]:
         """Charge, or return the charge already made with this key;
         returns ``{"id": "ch_N", "created": ISO time}``.  Raises ProviderError."""
@@ -51,6 +63,12 @@ class Provider:
             row = await cur.fetchone()
         assert row is not None
         await asyncio.sleep(self.delay_ms / 1000)
+        return self._answer(row, idempotency_key, customer, amount, currency)
+
+    @staticmethod
+    def _answer(row: Tuple[Any, ...], idempotency_key: str, customer: str, amount: int,
+                currency: str) -> Dict[str, Any]:
+        """The provider's answer for its ledger row ``row``."""
         if (row[2], row[3], row[4]) != (customer, amount, currency):
             raise ProviderError(f"provider: key {idempotency_key} was used for another charge")
         created = row[1].astimezone(timezone.utc).isoformat(timespec="milliseconds")

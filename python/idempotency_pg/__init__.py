@@ -10,17 +10,18 @@ contract is the extension's (README.md, "API reference"); this package only
 calls it.
 """
 
-from ._core import ClaimState, Outcome, current_claim
+from ._core import AsyncIdempotentFunction, ClaimState, Duration, IdempotentFunction, Outcome, current_claim
 from .aio import AsyncClaim, AsyncCoordinator
 from .errors import (IdempotencyError, InProgressError, InvalidRequestError, KeyReuseError,
                      LostClaimError, RecoveryNeededError, ResponseExpiredError,
-                     ResponseTooLargeError, translate)
+                     ResponseNotStoredError, ResponseTooLargeError, translate)
 from .fingerprint import fingerprint, text_form
 from .sync import Claim, Coordinator
 
 __all__ = [
-    "AsyncClaim", "AsyncCoordinator", "Claim", "ClaimState", "Coordinator", "IdempotencyError",
-    "InProgressError", "InvalidRequestError", "KeyReuseError", "LostClaimError", "Outcome",
-    "RecoveryNeededError", "ResponseExpiredError", "ResponseTooLargeError", "current_claim",
+    "AsyncClaim", "AsyncCoordinator", "AsyncIdempotentFunction", "Claim", "ClaimState", "Coordinator",
+    "Duration", "IdempotencyError", "IdempotentFunction", "InProgressError", "InvalidRequestError",
+    "KeyReuseError", "LostClaimError", "Outcome", "RecoveryNeededError", "ResponseExpiredError",
+    "ResponseNotStoredError", "ResponseTooLargeError", "current_claim",
     "fingerprint", "text_form", "translate",
 ]

@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import math
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import (Any, Callable, Coroutine, Dict, Iterator, Optional, ParamSpec, Protocol, Sequence, Tuple,
+                    TypeVar, Union)
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -32,27 +34,65 @@ FINISH_SQL = ("SELECT idem_finish(%(operation)s::text, %(key)s::text, %(token)s:
 ABORT_SQL = "SELECT idem_abort(%(operation)s::text, %(key)s::text, %(token)s::bigint)"
 CHECKPOINT_SQL = ("SELECT idem_checkpoint(%(operation)s::text, %(key)s::text,"
                   " %(token)s::bigint, %(state)s::jsonb)")
+# the record of a key, as the calling role sees it: one row, NULLs for none
+INSPECT_SQL = ("SELECT i.state, i.token, i.response FROM (SELECT) AS one"
+               " LEFT JOIN idem_inspect(%(operation)s::text, %(key)s::text) AS i ON true")
 # 1.4 or later: idem_checkpoint exists
 HAS_1_4_SQL = "SELECT to_regprocedure('idem_checkpoint(text,text,bigint,jsonb)') IS NOT NULL"
 
 SERIALIZATION_RETRIES = 3
 
 
+#: what a coordinator takes for ``lease``, ``ttl`` and ``remember``: a
+#: ``timedelta``, seconds (``int`` or ``float``), an interval's text
+#: (``"30 s"``), or ``None`` (the server's setting)
+Duration = Union[timedelta, int, float, str, None]
+
+
+def duration(name: str, value: Duration) -> Union[timedelta, str, None]:
+    """``value`` as idem_begin's interval argument: seconds become a
+    ``timedelta``; the server checks the value itself (README, "API
+    reference"), so a bad one fails there with 22023."""
+    if value is None or isinstance(value, (timedelta, str)):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number of seconds, not {value!r}")
+        return timedelta(seconds=value)
+    raise TypeError(f"{name} must be a timedelta, a number of seconds, an interval's text "
+                    f"or None, not {type(value).__name__}")
+
+
+def policy(name: str, value: Optional[str], allowed: Tuple[str, ...], *, optional: bool = False) -> Optional[str]:
+    """A policy argument in any case, as the server takes it, sent in lower
+    case; ``None`` only if ``optional`` (the server's setting)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or value.lower() not in allowed:
+        choices = " or ".join(f'"{a}"' for a in allowed) + (" (any case), or None" if optional else " (any case)")
+        raise ValueError(f"{name} must be {choices}, not {value!r}")
+    return value.lower()
+
+
 @dataclass(frozen=True)
 class Settings:
-    """The idem_begin arguments a coordinator passes with every claim."""
+    """The idem_begin arguments a coordinator passes with every claim: only
+    those the caller gave; ``None`` is sent as NULL, so that the server's
+    settings (``ALTER ROLE ... SET idempotency.ttl``) apply."""
 
     in_flight: str
-    lease: Optional[timedelta]
-    ttl: Optional[timedelta]
+    lease: Union[timedelta, str, None]
+    ttl: Union[timedelta, str, None]
     takeover: Optional[str]
-    remember: Optional[timedelta]
+    remember: Union[timedelta, str, None]
 
-    def __post_init__(self) -> None:
-        if self.in_flight not in ("wait", "raise"):
-            raise ValueError(f'in_flight must be "wait" or "raise", not {self.in_flight!r}')
-        if self.takeover not in (None, "lease", "session"):
-            raise ValueError(f'takeover must be None, "lease" or "session", not {self.takeover!r}')
+    @classmethod
+    def make(cls, in_flight: str, lease: Duration, ttl: Duration, takeover: Optional[str],
+             remember: Duration) -> "Settings":
+        return cls(policy("in_flight", in_flight, ("wait", "raise")) or "wait",
+                   duration("lease", lease), duration("ttl", ttl),
+                   policy("takeover", takeover, ("lease", "session"), optional=True),
+                   duration("remember", remember))
 
     def begin_sql(self) -> str:
         """idem_begin's statement; the 1.4 arguments only when set, so that a
@@ -98,11 +138,15 @@ class ClaimState:
         self.token: Optional[int] = None
         self.response: Any = None
         self.finished = False
+        #: whether the claim has a checkpoint: this attempt made one, or it
+        #: took over a claim that had one (status 'recover')
+        self.checkpointed = False
         if row is not None:
             self._set(row)
 
-    def _set(self, row: Tuple[Any, Any, Any]) -> None:
-        self.status, self.token, self.response = row
+    def _set(self, row: Tuple[Any, ...]) -> None:
+        self.status, self.token, self.response = row[0], row[1], row[2]
+        self.checkpointed = self.status == "recover"
 
     def _params(self, **extra: Any) -> Dict[str, Any]:
         if self.token is None:
@@ -135,12 +179,68 @@ class Outcome:
 
 
 def to_json(result: Any) -> Jsonb:
-    """A function's result as a jsonb parameter (pydantic models dumped to JSON types)."""
+    """A function's result as a jsonb parameter (pydantic models dumped to
+    JSON types).  It is encoded here, before any statement is sent: a value
+    JSON cannot encode (a ``datetime``, ``NaN``) raises ``TypeError`` or
+    ``ValueError`` with nothing sent."""
     if hasattr(result, "model_dump"):          # pydantic 2
         result = result.model_dump(mode="json")
     elif hasattr(result, "json") and hasattr(result, "parse_obj"):   # pydantic 1
         result = json.loads(result.json())
-    return Jsonb(result)
+    text = json.dumps(result, allow_nan=False)
+    return Jsonb(result, dumps=lambda _: text)
+
+
+def unstored_state(err: BaseException) -> Dict[str, Any]:
+    """The checkpoint state of a claim whose function ran and whose result
+    could not be stored (python/README.md, "When the result cannot be
+    stored"): what the retry gets with status 'recover'."""
+    return {"response_not_stored": {"error": f"{type(err).__name__}: {err}"[:1000],
+                                    "sqlstate": error_sqlstate(err)}}
+
+
+def error_sqlstate(err: BaseException) -> Optional[str]:
+    """The SQLSTATE of a psycopg or idempotency_pg error, else ``None``."""
+    return getattr(err, "sqlstate", None)
+
+
+def error_detail(err: BaseException) -> Optional[str]:
+    """The server's DETAIL of a psycopg or idempotency_pg error, else ``None``."""
+    if isinstance(err, psycopg.Error):
+        return err.diag.message_detail
+    return getattr(err, "detail", None)
+
+
+def lost_connection(conn: Any, err: BaseException) -> bool:
+    """Did ``err`` come from losing ``conn`` (the server ended the session,
+    the network failed)?  Then a statement may be sent again on another
+    connection."""
+    return isinstance(err, psycopg.OperationalError) and (conn.closed or conn.broken)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class IdempotentFunction(Protocol[P, R_co]):
+    """What ``Coordinator.idempotent`` makes of a function: called as the
+    function is, and ``outcome(...)`` -- the same call, returning an
+    :class:`Outcome`."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Outcome: ...
+
+
+class AsyncIdempotentFunction(Protocol[P, R_co]):
+    """What ``AsyncCoordinator.idempotent`` makes of an ``async def``:
+    awaited as the function is, and ``await outcome(...)`` -- the same
+    call, returning an :class:`Outcome`."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]: ...
+
+    def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, Outcome]: ...
 
 
 def from_json(value: Any, result_type: Optional[type]) -> Any:

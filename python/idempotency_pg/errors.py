@@ -9,7 +9,7 @@ its ``__cause__``.  SQLSTATEs not listed here (``40001``, ``57014``,
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional, Type
+from typing import Any, Dict, Optional, Type
 
 import psycopg
 
@@ -99,13 +99,43 @@ class RecoveryNeededError(IdempotencyError):
     ``token`` holds the key until its lease lapses, ``state`` is the last
     checkpoint's state.  HTTP: 500."""
 
-    def __init__(self, operation: str, key: str, token: int, state: object) -> None:
+    def __init__(self, operation: str, key: str, token: int, state: Any) -> None:
         super().__init__(f"idempotency key {key!r} of {operation!r} was taken over with a "
                          "checkpoint, and no recover= callback was given")
         self.operation = operation
         self.key = key
         self.token = token
         self.state = state
+
+
+class ResponseNotStoredError(IdempotencyError):
+    """Raised by a decorated call whose function ran but whose result could
+    not be stored: it cannot be encoded as JSON (a ``datetime``), it is too
+    large (54000), the connection was lost twice, ...  The cause is
+    ``__cause__``; ``sqlstate`` and ``detail`` are its SQLSTATE and DETAIL
+    (``None`` for an error of the client, such as ``TypeError``).
+
+    The claim is not aborted -- the effect happened -- and it is not left
+    as if nothing had run: ``checkpointed`` is true when the claim has a
+    checkpoint (the function's own, or one recording this failure), so that
+    the next attempt gets status ``'recover'`` with it instead of ``'new'``
+    (python/README.md, "When the result cannot be stored").  ``result`` is the
+    function's result, as it was returned.  HTTP: 500."""
+
+    def __init__(self, operation: str, key: str, token: int, result: Any, cause: BaseException, *,
+                 sqlstate: Optional[str], detail: Optional[str], checkpointed: bool) -> None:
+        then = ("the claim is left pending with a checkpoint: the next attempt gets 'recover'"
+                if checkpointed else
+                "the claim is left pending WITHOUT a checkpoint (the server has no idem_checkpoint, or "
+                "it failed): the next attempt after the lease gets 'new' and runs again")
+        super().__init__(f"the function of {operation!r} ran for key {key!r}, but its result was not "
+                         f"stored ({type(cause).__name__}: {cause}); {then}",
+                         sqlstate=sqlstate, detail=detail)
+        self.operation = operation
+        self.key = key
+        self.token = token
+        self.result = result
+        self.checkpointed = checkpointed
 
 
 _BY_SQLSTATE: Dict[str, Type[IdempotencyError]] = {

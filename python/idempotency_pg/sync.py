@@ -11,8 +11,7 @@ import functools
 import inspect
 import logging
 import threading
-from datetime import timedelta
-from typing import Any, Callable, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
 import psycopg
 from psycopg import Connection
@@ -20,11 +19,12 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from . import _core
-from ._core import ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, ClaimState, Outcome, db_errors
-from .errors import RecoveryNeededError
+from ._core import (ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, P, ClaimState, IdempotentFunction,
+                    Outcome, db_errors)
+from .errors import LostClaimError, RecoveryNeededError, ResponseNotStoredError
 
 log = logging.getLogger("idempotency_pg")
-F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 Row = Tuple[Any, ...]
 
 
@@ -34,7 +34,7 @@ def _execute(conn: Connection[Any], sql: str, params: Any, prepare: Optional[boo
     with db_errors():
         row = conn.execute(sql, params, prepare=prepare).fetchone()
     assert row is not None
-    return row
+    return tuple(row)
 
 
 def _autocommit(pool: ConnectionPool, sql: str, params: Any, prepare: Optional[bool]) -> Row:
@@ -51,14 +51,50 @@ def _autocommit(pool: ConnectionPool, sql: str, params: Any, prepare: Optional[b
                 conn.autocommit = False
 
 
+def _checkout(pool: ConnectionPool) -> Tuple[Connection[Any], bool]:
+    """A connection of ``pool`` in autocommit, checked out until
+    :func:`_checkin`; and whether autocommit was switched on for it."""
+    conn = pool.getconn()
+    if conn.autocommit:
+        return conn, False
+    try:
+        conn.autocommit = True
+    except BaseException:
+        pool.putconn(conn)
+        raise
+    return conn, True
+
+
+def _checkin(pool: ConnectionPool, conn: Connection[Any], switched: bool, close: bool) -> None:
+    """Give back a connection of :func:`_checkout`: closed first if
+    ``close`` (the pool replaces it)."""
+    try:
+        if close and not conn.closed:
+            conn.close()
+        elif switched and not conn.closed and not conn.broken:
+            conn.autocommit = False
+    finally:
+        pool.putconn(conn)
+
+
+def _connect(pool: ConnectionPool) -> Connection[Any]:
+    """A new connection with ``pool``'s settings, in autocommit, outside the
+    pool: after a lost connection, the pool's idle ones may be lost too."""
+    kwargs: Dict[str, Any] = {**(pool.kwargs or {}), "autocommit": True}
+    conn: Connection[Any] = pool.connection_class.connect(pool.conninfo, **kwargs)
+    return conn
+
+
 class Claim(ClaimState):
     """A claim on one key: ``status``, ``token``, ``response`` (see
     :class:`~idempotency_pg._core.ClaimState`), and the calls that end it.
 
     Made by :meth:`Coordinator.claim` (the in-transaction shape: every
-    call runs on the caller's connection, in its transaction) and by the
-    decorator (the external-call shape: every call is autocommitted on a
-    connection of the coordinator's ``pool``).
+    call runs on the caller's connection, in its transaction) and by
+    :meth:`Coordinator.begin` and the decorator (the external-call
+    shape: every call is autocommitted on the connection that claimed,
+    which the claim keeps checked out of its pool until ``finish``,
+    ``abort`` or ``abandon``).
     """
 
     def __init__(self, coordinator: "Coordinator", operation: str, key: str,
@@ -67,11 +103,50 @@ class Claim(ClaimState):
         self._coordinator = coordinator
         self._fingerprint = fingerprint
         self._conn = conn
+        # the external-call shape: the connection that claimed, its pool,
+        # and whether autocommit was switched on for it
+        self._held: Optional[Connection[Any]] = None
+        self._held_pool: Optional[ConnectionPool] = None
+        self._switched = False
+        self._reconnected = False
 
     def _run(self, sql: str, params: Any) -> Row:
+        prepare = self._coordinator.prepare
         if self._conn is not None:
-            return _execute(self._conn, sql, params, self._coordinator.prepare)
-        return _autocommit(self._coordinator.pool, sql, params, self._coordinator.prepare)
+            return _execute(self._conn, sql, params, prepare)
+        if self._held is not None:
+            return _execute(self._held, sql, params, prepare)
+        return _autocommit(self._coordinator.pool, sql, params, prepare)
+
+    def _rescue(self, sql: str, params: Any) -> Row:
+        """``sql`` on the held connection; if that connection is (or gets)
+        lost, it is let go and ``sql`` runs on a new connection (the pool's
+        idle ones may be lost too)."""
+        held = self._held
+        if held is not None and not held.closed and not held.broken:
+            try:
+                return _execute(held, sql, params, self._coordinator.prepare)
+            except psycopg.Error as err:
+                if not _core.lost_connection(held, err):
+                    raise
+                log.warning("connection lost on key %r of %r (%s): going on on a new connection",
+                            self.key, self.operation, err)
+        self._let_go(close=True)
+        self._reconnected = True
+        conn = _connect(self._coordinator.pool)
+        try:
+            return _execute(conn, sql, params, self._coordinator.prepare)
+        finally:
+            conn.close()
+
+    def _let_go(self, *, close: bool) -> None:
+        """Give the held connection back to its pool (closed first if
+        ``close``).  Only a connection that holds no pending claim goes
+        back open: another attempt's cancelled call, or the pool's
+        ``max_lifetime``, may close it."""
+        conn, pool, self._held, self._held_pool = self._held, self._held_pool, None, None
+        if conn is not None and pool is not None:
+            _checkin(pool, conn, self._switched, close)
 
     def __enter__(self) -> "Claim":
         assert self._conn is not None
@@ -94,9 +169,27 @@ class Claim(ClaimState):
         """``idem_finish``: store ``result`` (JSON-serialisable, or a pydantic
         model) as the key's response.  Returns the response as stored -- what
         every replay gets.  Raises :class:`LostClaimError` (IK412) if the token
-        no longer holds the key, :class:`ResponseTooLargeError` (54000)."""
-        row = self._run(FINISH_SQL, self._params(response=_core.to_json(result)))
+        no longer holds the key, :class:`ResponseTooLargeError` (54000),
+        ``TypeError`` / ``ValueError`` for a result JSON cannot encode (nothing
+        sent).  A connection lost during the finish is replaced once (the
+        finish runs again on a new connection; if the first one had
+        committed, the stored response is read back)."""
+        params = self._params(response=_core.to_json(result))
+        if self._held is None:
+            row = self._run(FINISH_SQL, params)
+        else:
+            try:
+                row = self._rescue(FINISH_SQL, params)
+            except LostClaimError:
+                if not self._reconnected:
+                    raise
+                # the finish sent on the lost connection may have committed
+                state = self._rescue(INSPECT_SQL, self._params())
+                if state[0] != "completed" or state[1] != self.token:
+                    raise
+                row = (None, state[2])
         self.finished = True
+        self._let_go(close=False)
         return row[1]
 
     def abort(self) -> bool:
@@ -104,44 +197,61 @@ class Claim(ClaimState):
         ``False`` if the token no longer held the key (nothing changed)."""
         row = self._run(ABORT_SQL, self._params())
         self.finished = True
+        self._let_go(close=False)
         return bool(row[0])
 
     def checkpoint(self, state: Any) -> None:
         """``idem_checkpoint`` (extension 1.4): record ``state`` (JSON) as the
-        claim's progress; a takeover after the lease lapses gets status
+        claim's progress; a takeover after the lease lapses (or, with
+        ``takeover="session"``, once the claiming session ended) gets status
         ``'recover'`` with it.  Raises :class:`LostClaimError` (IK412)."""
         self._run(CHECKPOINT_SQL, self._params(state=_core.to_json(state)))
+        self.checkpointed = True
+
+    def abandon(self) -> None:
+        """Leave the claim pending and let go of its connection, which is
+        closed: a ``'session'`` claim lapses now, a ``'lease'`` claim when
+        its lease ends; the next attempt then gets ``'recover'`` if the
+        claim has a checkpoint, else ``'new'``.  Nothing happens if the
+        claim has ended (finished, aborted) or is in-transaction."""
+        self._let_go(close=True)
 
 
 class Coordinator:
     """Idempotency-Key semantics for synchronous code over a ``ConnectionPool``.
 
-    ``pool``: finishes, aborts and checkpoints run here, each in autocommit.
-    Claims with ``in_flight="wait"`` run on a second pool, ``claim_pool``
-    (README, "From an application": a waiting idem_begin holds its
-    connection until the first attempt finishes, so finishing must never
-    queue behind waiters): pass one, or the coordinator makes one from
-    ``pool``'s connection settings, of ``claim_pool_size`` connections
-    (default: ``pool.max_size``), opened on first use and closed by
-    :meth:`close` (or ``with coordinator``).  With ``in_flight="raise"``
-    claims never wait and run on ``pool``.
+    Claims run on ``claim_pool``, each attempt keeping the connection that
+    claimed checked out until it finishes or aborts, and running its
+    ``finish``, ``abort`` and ``checkpoint`` there (README, "When a worker
+    dies": a ``'session'`` claim lapses when that session ends, so no idle
+    timeout, ``max_lifetime`` or other call may close it meanwhile).  A
+    waiting idem_begin holds its connection until the first attempt
+    finishes (README, "From an application"), which it does on its own
+    connection, so waiters never hold up a finish.  Pass a ``claim_pool``,
+    or the coordinator makes one from ``pool``'s connection settings, of
+    ``claim_pool_size`` connections (default: ``pool.max_size``), opened on
+    first use and closed by :meth:`close` (or ``with coordinator``).
+    It needs a connection per running attempt and per waiting duplicate.
+    ``pool`` serves calls on a claim whose connection was let go.
 
     ``lease``, ``ttl`` and (extension 1.4) ``takeover``, ``remember`` are
-    passed to every idem_begin (``None``: the server's setting).  ``prepare``
+    passed to every idem_begin when given; ``None`` (the default) sends NULL,
+    so the server's settings apply (``idempotency.lease``, ...).  Durations
+    are ``timedelta``, seconds (``int``, ``float``) or an interval's text;
+    ``in_flight`` and ``takeover`` are taken in any case.  ``prepare``
     is psycopg's ``execute(prepare=)``: ``None`` prepares a statement after
     it has run a few times on a connection.
     """
 
     def __init__(self, pool: ConnectionPool, *, in_flight: str = "wait",
-                 lease: Optional[timedelta] = timedelta(seconds=30),
-                 ttl: Optional[timedelta] = timedelta(hours=24),
-                 takeover: Optional[str] = None, remember: Optional[timedelta] = None,
+                 lease: _core.Duration = None, ttl: _core.Duration = None,
+                 takeover: Optional[str] = None, remember: _core.Duration = None,
                  claim_pool: Optional[ConnectionPool] = None,
                  claim_pool_size: Optional[int] = None, prepare: Optional[bool] = None) -> None:
         if claim_pool is pool:
             raise ValueError("claim_pool must be another pool than pool (README, \"From an application\")")
         self.pool = pool
-        self.settings = _core.Settings(in_flight, lease, ttl, takeover, remember)
+        self.settings = _core.Settings.make(in_flight, lease, ttl, takeover, remember)
         self.prepare = prepare
         self._claim_pool = claim_pool
         self._own_claim_pool: Optional[ConnectionPool] = None
@@ -162,8 +272,6 @@ class Coordinator:
             pool.close()
 
     def _claims(self) -> ConnectionPool:
-        if self.settings.in_flight == "raise":
-            return self.pool
         if self._claim_pool is not None:
             return self._claim_pool
         with self._opening:
@@ -180,8 +288,10 @@ class Coordinator:
 
     def begin(self, operation: str, key: str, fingerprint: Optional[bytes]) -> Claim:
         """``idem_begin`` in autocommit, the external-call shape: the claim is
-        committed when this returns, and the connection is back in its pool.
-        End a ``'new'`` or ``'recover'`` claim with ``finish`` or ``abort``.
+        committed when this returns.  A ``'new'`` or ``'recover'`` claim keeps
+        its connection checked out of the claim pool: end it with ``finish``
+        or ``abort`` (or ``abandon`` to leave it pending); a ``'replay'``'s
+        connection is back in its pool.
 
         Raises :class:`InProgressError` (IK409), :class:`KeyReuseError`
         (IK422), :class:`ResponseExpiredError` (IK410),
@@ -190,29 +300,52 @@ class Coordinator:
         claim = Claim(self, operation, key, fingerprint)
         pool = self._claims()
         params = self.settings.begin_params(operation, key, fingerprint)
-        for attempt in range(1, _core.SERIALIZATION_RETRIES + 1):
+        conn, switched = _checkout(pool)
+        lost = 0
+        attempt = 1
+        while True:
             try:
-                claim._set(_autocommit(pool, self._begin_sql, params, self.prepare))
-                return claim
+                claim._set(_execute(conn, self._begin_sql, params, self.prepare))
+                break
             except psycopg.Error as err:
+                if _core.lost_connection(conn, err) and lost < pool.max_size:
+                    # an idle connection the server ended (a restart, a
+                    # terminated backend): once more on another one.  Had the
+                    # lost statement claimed, this is a duplicate of it.
+                    log.warning("connection lost claiming key %r of %r (%s): claiming on another one",
+                                key, operation, err)
+                    lost += 1
+                    _checkin(pool, conn, switched, close=True)
+                    conn, switched = _checkout(pool)
+                    continue
                 if not _core.serialization_retry(err, attempt):
+                    _checkin(pool, conn, switched, close=False)
                     raise
-        raise AssertionError("unreachable")
+                attempt += 1
+            except BaseException:
+                # no claim was made (a cancelled call's connection is closed)
+                _checkin(pool, conn, switched, close=False)
+                raise
+        if claim.token is None:
+            _checkin(pool, conn, switched, close=False)
+        else:
+            claim._held, claim._held_pool, claim._switched = conn, pool, switched
+        return claim
 
     def claim(self, conn: Connection[Any], operation: str, key: str,
               fingerprint: Optional[bytes]) -> Claim:
         """The in-transaction shape: ``with coordinator.claim(conn, ...)
         as c`` runs ``idem_begin`` on ``conn``, in its transaction.  On
-        ``c.status == 'new'`` do the effect on ``conn`` and ``await
-        c.finish(result)``; on ``'replay'`` use ``c.response``.  Commit (or
+        ``c.status == 'new'`` do the effect on ``conn`` and
+        ``c.finish(result)``; on ``'replay'`` use ``c.response``.  Commit (or
         roll back) is the caller's.  An exception out of the block with the
         claim unfinished aborts it if the transaction can still run
         statements.  Raises as :meth:`begin` does."""
         return Claim(self, operation, key, fingerprint, conn)
 
     def idempotent(self, operation: str, *, fingerprint_params: Sequence[str] = (),
-                   result_type: Optional[type] = None,
-                   recover: Optional[Callable[..., Any]] = None) -> Callable[[F], F]:
+                   result_type: Optional[type] = None, recover: Optional[Callable[..., Any]] = None
+                   ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
         """Decorate a function that takes ``idempotency_key=``.
 
         With a key, the function runs once per key (the external-call shape:
@@ -226,17 +359,22 @@ class Coordinator:
         :func:`current_claim` is its claim (for ``checkpoint``).
 
         ``recover`` (extension 1.4): called as ``recover(state, *args,
-        **kwargs)``  when the call took over a claim that
+        **kwargs)`` when the call took over a claim that
         had a checkpoint; its result is stored as the function's would be.
         Without it such a call raises :class:`RecoveryNeededError`.  Either
         way the claim is not aborted on failure: its checkpoint is kept for
         the next attempt.
 
+        A result that cannot be stored (not JSON, too large, the connection
+        lost twice) raises :class:`ResponseNotStoredError` and is logged as
+        an error; the claim is left pending with a checkpoint, so the next
+        attempt gets ``'recover'``, never a silent second run.
+
         The wrapper raises what :meth:`begin` and :meth:`Claim.finish`
         raise.  ``wrapper.outcome(...)`` returns an :class:`Outcome` instead
         (the value and whether it was a replay)."""
 
-        def decorate(func: F) -> F:
+        def decorate(func: Callable[P, R]) -> IdempotentFunction[P, R]:
             if inspect.iscoroutinefunction(func):
                 raise TypeError(f"{func.__qualname__} is an async function: use AsyncCoordinator")
             spec = _core.CallSpec(func, fingerprint_params)
@@ -248,15 +386,19 @@ class Coordinator:
                 claim = self.begin(operation, key, fp)
                 if claim.status == "replay":
                     return Outcome(_core.from_json(claim.response, result_type), True)
-                reset = _core._current.set(claim)
                 try:
-                    if claim.status == "recover":
-                        result = _recover(claim, recover, args, kwargs)
-                    else:
-                        result = _run_or_abort(claim, func, args, kwargs)
+                    reset = _core._current.set(claim)
+                    try:
+                        if claim.status == "recover":
+                            result = _recover(claim, recover, args, kwargs)
+                        else:
+                            result = _run_or_abort(claim, func, args, kwargs)
+                    finally:
+                        _core._current.reset(reset)
+                    stored = _store(claim, result)
                 finally:
-                    _core._current.reset(reset)
-                stored = claim.finish(result)
+                    # a claim left pending: its connection is closed
+                    claim.abandon()
                 return Outcome(_core.from_json(stored, result_type), False)
 
             @functools.wraps(func)
@@ -276,7 +418,7 @@ def _run_or_abort(claim: Claim, func: Callable[..., Any],
     except BaseException:
         try:
             claim.abort()
-        except Exception:  # the lease releases it
+        except Exception:  # the lease (or the session's end) releases it
             log.exception("idem_abort failed for key %r of %r", claim.key, claim.operation)
         raise
 
@@ -287,3 +429,29 @@ def _recover(claim: Claim, recover: Optional[Callable[..., Any]],
         assert claim.token is not None
         raise RecoveryNeededError(claim.operation, claim.key, claim.token, claim.response)
     return recover(claim.response, *args, **kwargs)
+
+
+def _store(claim: Claim, result: Any) -> Any:
+    """``claim.finish(result)`` after the function ran.  If the result cannot
+    be stored, the claim gets a checkpoint (unless it has one), so that the
+    next attempt is told, and the call fails loudly."""
+    try:
+        return claim.finish(result)
+    except LostClaimError:
+        log.error("the function of %r ran for key %r, but the claim was taken over before its "
+                  "result was stored", claim.operation, claim.key)
+        raise
+    except Exception as err:
+        assert claim.token is not None
+        checkpointed = claim.checkpointed
+        if not checkpointed:
+            try:
+                claim._rescue(CHECKPOINT_SQL, claim._params(state=_core.to_json(_core.unstored_state(err))))
+                checkpointed = claim.checkpointed = True
+            except Exception:
+                log.exception("idem_checkpoint failed for key %r of %r", claim.key, claim.operation)
+        not_stored = ResponseNotStoredError(claim.operation, claim.key, claim.token, result, err,
+                                            sqlstate=_core.error_sqlstate(err),
+                                            detail=_core.error_detail(err), checkpointed=checkpointed)
+        log.error("%s", not_stored)
+        raise not_stored from err

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, Callable, Coroutine, Iterator, TypeVar
+from typing import Any, Callable, Coroutine, Iterator, Optional, TypeVar
 
 import psycopg
 import pytest
@@ -84,7 +84,7 @@ async def await_for(what: str, condition: Callable[[], bool]) -> None:
         await asyncio.sleep(0.005)
 
 
-def record_state(admin: psycopg.Connection[Any], operation: str, key: str) -> Any:
+def record_state(admin: psycopg.Connection[Any], operation: str, key: str) -> Optional[str]:
     """idem_inspect's state of the key's record (None: no record)."""
     row = admin.execute("SELECT state FROM idem_inspect(%s::text, %s::text)", (operation, key)).fetchone()
-    return row[0] if row else None
+    return str(row[0]) if row else None

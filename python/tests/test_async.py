@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any, AsyncIterator, List
+from typing import Any, AsyncIterator, Dict, List
 
 import psycopg
 import pytest
@@ -38,7 +38,7 @@ class Provider:
         self.gate: "asyncio.Event | None" = None
         self.fail_next = False
 
-    async def charge(self, order_id: str, amount: int, key: str) -> dict:
+    async def charge(self, order_id: str, amount: int, key: str) -> Dict[str, Any]:
         self.calls.append((order_id, amount, key))
         if self.gate is not None:
             await self.gate.wait()
@@ -141,11 +141,12 @@ def test_duplicate_in_flight(admin: psycopg.Connection[Any], in_flight: str) -> 
 
 def test_pool_exhaustion_n_duplicates_on_a_pool_of_n(admin: psycopg.Connection[Any]) -> None:
     """N duplicates wait while the first call runs, on a pool of N: the first
-    call still finishes (on the coordinator's other pool) and wakes them all."""
+    call still finishes (on the connection that claimed, which it keeps: the
+    claim pool has one per attempt and per waiting duplicate) and wakes them all."""
     n = 3
 
     async def main() -> None:
-        async with await open_pool(n) as pool, idem.AsyncCoordinator(pool, claim_pool_size=n) as coordinator:
+        async with await open_pool(n) as pool, idem.AsyncCoordinator(pool, claim_pool_size=n + 1) as coordinator:
             provider = Provider()
             provider.gate = asyncio.Event()
             charge = service(coordinator, provider)
@@ -251,6 +252,7 @@ def test_checkpoint_and_recover(admin: psycopg.Connection[Any], needs_1_4: None)
             # a worker that claims, checkpoints and dies without aborting
             dead = await coordinator.begin("saga", key, idem.fingerprint("o6"))
             await dead.checkpoint({"step": 2})
+            await dead.abandon()  # its connection closes
             await await_for("the lease lapses", lambda: record_state(admin, "saga", key) == "lapsed")
             outcome = await saga.outcome("o6", idempotency_key=key)
             assert outcome == idem.Outcome({"resumed": 2, "order": "o6"}, replayed=False)
@@ -267,10 +269,11 @@ def test_checkpoint_and_recover(admin: psycopg.Connection[Any], needs_1_4: None)
             key2 = new_key("saga-bare")
             dead = await coordinator.begin("saga", key2, idem.fingerprint())
             await dead.checkpoint({"step": 9})
+            await dead.abandon()
             await await_for("the lease lapses", lambda: record_state(admin, "saga", key2) == "lapsed")
             with pytest.raises(idem.RecoveryNeededError) as info:
                 await bare(idempotency_key=key2)
-            assert info.value.state == {"step": 9} and info.value.token > dead.token
+            assert info.value.state == {"step": 9} and dead.token is not None and info.value.token > dead.token
             assert record_state(admin, "saga", key2) == "pending"
     arun(main())
 

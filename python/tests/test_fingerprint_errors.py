@@ -72,6 +72,7 @@ def raise_sqlstate(admin: psycopg.Connection[Any], sqlstate: str, detail: str = 
 ])
 def test_sqlstate_classes(admin: psycopg.Connection[Any], sqlstate: str, cls: type) -> None:
     """One class per SQLSTATE, carrying the SQLSTATE and the DETAIL."""
+    info: Any
     with pytest.raises(cls) as info:
         raise_sqlstate(admin, sqlstate, "The detail.")
     assert isinstance(info.value, idem.IdempotencyError)
@@ -115,6 +116,7 @@ def test_errors_from_the_server(admin: psycopg.Connection[Any]) -> None:
             coordinator.begin("op.errors", "", idem.fingerprint(1))
         assert bad.value.sqlstate == "22023"
         assert claim.finish({"ok": True}) == {"ok": True}
+        assert claim.token is not None
         claim.token = claim.token + 1  # a token that never held the key
         with pytest.raises(idem.LostClaimError):
             claim.finish({"ok": False})

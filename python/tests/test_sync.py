@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Iterator, List
+from typing import Any, Dict, Iterator, List
 
 import psycopg
 import pytest
@@ -27,7 +27,7 @@ class Provider:
         self.gate.set()
         self.fail_next = False
 
-    def charge(self, order_id: str, amount: int, key: str) -> dict:
+    def charge(self, order_id: str, amount: int, key: str) -> Dict[str, Any]:
         self.calls.append((order_id, amount, key))
         assert self.gate.wait(30)
         if self.fail_next:
@@ -69,9 +69,10 @@ def test_runs_once_replays_and_aborts(admin: psycopg.Connection[Any], pool: Conn
 @pytest.mark.parametrize("in_flight", ["wait", "raise"])
 def test_duplicates_on_a_pool_of_n(admin: psycopg.Connection[Any], pool: ConnectionPool, in_flight: str) -> None:
     """N = 3 duplicates of a running call on a pool of 3: with wait, they all
-    wait and then replay (no deadlock); with raise, each gets IK409."""
+    wait and then replay (no deadlock: the first call finishes on the
+    connection that claimed, which it keeps); with raise, each gets IK409."""
     n = pool.max_size
-    with idem.Coordinator(pool, in_flight=in_flight, claim_pool_size=n) as coordinator, \
+    with idem.Coordinator(pool, in_flight=in_flight, claim_pool_size=n + 1) as coordinator, \
             ThreadPoolExecutor(n + 1) as threads:
         provider = Provider()
         provider.gate.clear()
@@ -122,6 +123,7 @@ def test_checkpoint_and_recover(admin: psycopg.Connection[Any], pool: Connection
         key = new_key("sync-saga")
         dead = coordinator.begin("saga", key, idem.fingerprint())
         dead.checkpoint({"step": 2})
+        dead.abandon()  # its connection closes
         wait_for("the lease lapses", lambda: record_state(admin, "saga", key) == "lapsed")
         assert saga.outcome(idempotency_key=key) == idem.Outcome({"resumed": {"step": 2}}, False)
         with pytest.raises(idem.LostClaimError):

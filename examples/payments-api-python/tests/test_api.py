@@ -247,3 +247,55 @@ def test_one_charge_per_key_in_total(db: psycopg.Connection[Any], apis: Dict[str
     stats = db.execute("SELECT pending::int, lapsed::int, completed::int FROM idem_stats"
                        " WHERE operation = 'payment.charge'").fetchall()
     assert stats == [(0, 0, 6)]
+
+
+def test_killed_mid_charge_then_restarted(db: psycopg.Connection[Any]) -> None:
+    """The service is killed (SIGKILL) while the provider charges, and
+    restarted: the retry gets 201 with the original charge, and the provider
+    was called once (1.4: the claim lapses with the killed process's sessions,
+    the retry gets 'recover' and asks the provider; 1.3: the retry waits for
+    the 2 s lease and calls the provider again with the same key)."""
+    row = db.execute("SELECT to_regprocedure('idem_checkpoint(text,text,bigint,jsonb)') IS NOT NULL").fetchone()
+    recovery = bool(row and row[0])
+    key, body = new_key("killed"), {"customer": "cus_kim", "amount": 800, "currency": "EUR"}
+    env = {"IN_FLIGHT": "wait", "LEASE_S": "2"}
+    procs: List[subprocess.Popen[bytes]] = []
+
+    async def main() -> httpx.Response:
+        proc, base = start_api(env)
+        procs.append(proc)
+        async with httpx.AsyncClient() as client:
+            lost = asyncio.ensure_future(post(client, base, key, body))
+            deadline = time.monotonic() + DEADLINE_S
+            # the provider has the call (and has charged) and the claim is committed
+            while charges_for(db, key) == 0:
+                assert time.monotonic() < deadline, "the provider was never called"
+                await asyncio.sleep(0.005)
+            assert claim_state(db, key) == "pending"
+            proc.kill()
+            proc.wait(10)
+            with pytest.raises(httpx.TransportError):
+                await lost
+            restarted, base = start_api(env)
+            procs.append(restarted)
+            t0 = time.monotonic()
+            retry = await post(client, base, key, body)
+            elapsed = time.monotonic() - t0
+        assert_charge(retry, body)
+        assert "idempotent-replayed" not in retry.headers
+        if recovery:
+            assert elapsed < 2.0, f"the retry was answered {elapsed:.2f} s after the restart, not at once"
+        else:
+            assert elapsed < 5.0, "the retry was answered once the 2 s lease had lapsed"
+        return retry
+
+    try:
+        retry = asyncio.run(main())
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+    assert charges_for(db, key) == (1 if recovery else 2)
+    rows = db.execute("SELECT id FROM charges WHERE idempotency_key = %s::text", (key,)).fetchall()
+    assert rows == [(retry.json()["id"],)], "one charge, the one the retry answered with"

@@ -1,0 +1,132 @@
+"""A result that cannot be stored after the function ran (python/README.md,
+"When the result cannot be stored"): the call fails loudly, the error is
+logged, and the claim keeps a checkpoint, so that the retry gets 'recover'
+instead of running the function a second time."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any, List
+
+import psycopg
+import pytest
+from conftest import arun, new_key
+from psycopg_pool import ConnectionPool
+from test_async import open_pool
+
+import idempotency_pg as idem
+
+OP = "op.unstored"
+# larger than idempotency.max_response_size's default, 64kB
+UNSTORABLE = {"datetime": {"at": datetime(2026, 1, 2, tzinfo=timezone.utc)},
+              "oversize": {"blob": "x" * 70_000}}
+SQLSTATE = {"datetime": None, "oversize": "54000"}
+
+
+def kill_other_backends(admin: psycopg.Connection[Any]) -> None:
+    """Terminate every other connection to the test database, and wait for
+    each to exit: the connection that claimed and the pools' idle ones."""
+    rows = admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                         " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                         "   AND backend_type = 'client backend'").fetchall()
+    assert rows and all(r[0] for r in rows)
+
+
+def logged_errors(caplog: pytest.LogCaptureFixture, key: str) -> List[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "idempotency_pg" and r.levelno == logging.ERROR and key in r.getMessage()]
+
+
+@pytest.mark.parametrize("kind", ["datetime", "oversize"])
+def test_unstorable_result_async(admin: psycopg.Connection[Any], needs_1_4: None,
+                                 caplog: pytest.LogCaptureFixture, kind: str) -> None:
+    async def main() -> None:
+        # a 1 s lease: without a checkpoint the retry would run the function again after it
+        async with await open_pool(2) as pool, \
+                idem.AsyncCoordinator(pool, takeover="session", lease=1) as coordinator:
+            ran: List[str] = []
+
+            @coordinator.idempotent(operation=OP)
+            async def act(*, idempotency_key: str) -> Any:
+                ran.append(idempotency_key)
+                return UNSTORABLE[kind]
+
+            key = new_key(kind)
+            with pytest.raises(idem.ResponseNotStoredError) as info:
+                await act(idempotency_key=key)
+            assert info.value.checkpointed and info.value.sqlstate == SQLSTATE[kind]
+            assert info.value.result == UNSTORABLE[kind]
+            if kind == "oversize":
+                assert info.value.detail is not None and isinstance(info.value.__cause__,
+                                                                     idem.ResponseTooLargeError)
+            assert logged_errors(caplog, key), "the failure is logged at error level"
+            # the retry is told: 'recover' with the failure, not 'new'
+            with pytest.raises(idem.RecoveryNeededError) as retry:
+                await act(idempotency_key=key)
+            assert retry.value.state["response_not_stored"]["sqlstate"] == SQLSTATE[kind]
+            assert ran == [key]
+    arun(main())
+
+
+def test_unstorable_result_sync(admin: psycopg.Connection[Any], needs_1_4: None,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    """The same with Coordinator, and a function that had checkpointed: its
+    own checkpoint is what the retry's recover= gets."""
+    with ConnectionPool("", min_size=1, max_size=2, timeout=10, open=True) as pool, \
+            idem.Coordinator(pool, takeover="session", lease=1) as coordinator:
+        ran: List[str] = []
+
+        @coordinator.idempotent(operation=OP, recover=lambda state, **_: {"recovered": state})
+        def act(*, idempotency_key: str) -> Any:
+            ran.append(idempotency_key)
+            idem.current_claim().checkpoint({"step": "provider called"})
+            return UNSTORABLE["datetime"]
+
+        key = new_key("sync")
+        with pytest.raises(idem.ResponseNotStoredError) as info:
+            act(idempotency_key=key)
+        assert info.value.checkpointed and isinstance(info.value.__cause__, TypeError)
+        assert logged_errors(caplog, key)
+        assert act.outcome(idempotency_key=key) == idem.Outcome({"recovered": {"step": "provider called"}}, False)
+        assert ran == [key]
+
+
+def test_connection_lost_before_the_finish_async(admin: psycopg.Connection[Any], needs_1_4: None) -> None:
+    """Every connection is terminated between the function and the finish:
+    the finish goes to a new connection, and the retry replays."""
+    async def main() -> None:
+        async with await open_pool(2) as pool, \
+                idem.AsyncCoordinator(pool, takeover="session", lease=1) as coordinator:
+            ran: List[str] = []
+
+            @coordinator.idempotent(operation=OP)
+            async def act(*, idempotency_key: str) -> Any:
+                ran.append(idempotency_key)
+                kill_other_backends(admin)
+                return {"charged": idempotency_key}
+
+            key = new_key("killed")
+            first = await act.outcome(idempotency_key=key)
+            assert first == idem.Outcome({"charged": key}, replayed=False)
+            assert await act.outcome(idempotency_key=key) == idem.Outcome(first.value, replayed=True)
+            assert ran == [key]
+    arun(main())
+
+
+def test_connection_lost_before_the_finish_sync(admin: psycopg.Connection[Any], needs_1_4: None) -> None:
+    with ConnectionPool("", min_size=1, max_size=2, timeout=10, open=True) as pool, \
+            idem.Coordinator(pool, takeover="session", lease=1) as coordinator:
+        ran: List[str] = []
+
+        @coordinator.idempotent(operation=OP)
+        def act(*, idempotency_key: str) -> Any:
+            ran.append(idempotency_key)
+            kill_other_backends(admin)
+            return {"charged": idempotency_key}
+
+        key = new_key("killed-sync")
+        first = act.outcome(idempotency_key=key)
+        assert first == idem.Outcome({"charged": key}, replayed=False)
+        assert act.outcome(idempotency_key=key) == idem.Outcome(first.value, replayed=True)
+        assert ran == [key]
