@@ -50,9 +50,10 @@ PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# every file includes the shared header (PGXS tracks no header dependencies);
+# every file may include any of our headers (PGXS tracks no header
+# dependencies);
 # after the include, where srcdir and so OBJS are known
-$(OBJS): $(srcdir)/src/idempotency.h $(srcdir)/src/pg_compat.h
+$(OBJS): $(wildcard $(srcdir)/src/*.h)
 
 # Out of tree, the objects (and LLVM bitcode) go to src/ under the build
 # directory, which must exist first.  An absolute name, because make would

@@ -12,6 +12,8 @@
 #include "utils/guc.h"
 
 #include "idempotency.h"
+#include "publication.h"
+#include "purge.h"
 
 PG_MODULE_MAGIC;
 
@@ -22,7 +24,7 @@ _PG_init(void)
 {
 	idem_args_init();			/* in_flight, lease, ttl, max_response_size */
 	idem_purge_init();			/* purge_*, databases; the workers */
-	idem_admin_init();			/* publish_records */
+	idem_publication_init();	/* publish_records */
 	idem_counters_init();		/* shared memory, when preloaded */
 	idem_store_init();			/* forget cached OIDs on invalidation */
 

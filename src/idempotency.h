@@ -248,11 +248,6 @@ extern Datum idem_writer_default(IdemWriter *w, AttrNumber att, bool *isnull);
 extern int64 idem_next_token(IdemStore *store);
 extern int64 idem_next_token_above(IdemStore *store, int64 floor);
 
-/* ---- administration (admin.c) ---- */
-
-extern bool idem_publish_records;
-extern void idem_admin_init(void);
-
 /* ---- counters (counters.c) ---- */
 
 typedef enum IdemCounter
@@ -274,16 +269,6 @@ typedef enum IdemCounter
 
 extern void idem_counters_init(void);
 extern void idem_count(IdemCounter counter, int64 n);
-
-/* ---- background purge (purge_worker.c) ---- */
-
-extern int	idem_purge_interval_s;
-extern int	idem_purge_batch_size;
-extern int	idem_purge_delay_ms;
-extern char *idem_purge_databases;
-
-extern void idem_purge_init(void);
-PGDLLEXPORT extern void idem_purge_worker_main(Datum arg);
 
 /* ---- locks and waiting (locks.c) ---- */
 

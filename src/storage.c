@@ -5,7 +5,7 @@
  *	  through the executor.
  *
  * Claims are in idem_record.  A completed record is there too, except in
- * durability mode 'completed' (admin.c), where a finish moves it to
+ * durability mode 'completed' (durability.c), where a finish moves it to
  * idem_result.  A look-up searches both, whatever the mode; a write puts a
  * version where the mode keeps it.
  *
@@ -1184,14 +1184,16 @@ idem_store_delete(IdemStore *store, const IdemKey *key, const IdemRecord *rec)
 }
 
 /*
- * Move up to max_rows committed records from table "from" to the other
- * table, for an online durability switch (admin.c): all of them (all), or
+ * Move up to max_rows records from table "from" to the other table, for
+ * a durability switch or a restore (durability.c): all of them (all), or
  * those that must survive a crash in mode 'completed' -- completed ones and
  * claims with a checkpoint.  Each is moved under its key lock, held until
  * the transaction ends, so a look-up, which holds the key lock while it
  * reads both tables, sees it in exactly one (with the tables opened in
- * ACCESS EXCLUSIVE mode, nobody looks, and no key lock is taken).  Records another transaction
- * is working on are left for a later batch.  Returns how many were moved.
+ * ACCESS EXCLUSIVE mode, nobody looks, no key lock is taken, and every
+ * record moves, the transaction's own writes too).  In batches, records a
+ * transaction is working on are left for a later batch.  Returns how many
+ * were moved.
  */
 int64
 idem_store_move_batch(IdemStore *store, int from, bool all, int64 max_rows)
@@ -1231,13 +1233,20 @@ idem_store_move_batch(IdemStore *store, int from, bool all, int64 max_rows)
 
 		if (key_locks)
 			idem_lock_key_until_commit(&key);
-		if (!fetch_in(store, from, &key, &rec) || TransactionIdIsValid(rec.busy_xid) ||
-			rec.mine)
+		if (!fetch_in(store, from, &key, &rec))
+			continue;
+		/* in batches, what another transaction or this one is writing waits */
+		if (key_locks && (TransactionIdIsValid(rec.busy_xid) || rec.mine))
 			continue;
 		if (!all && IdemRecordIsPending(&rec) && rec.checkpoint == NULL)
 			continue;
 		if (idem_store_delete(store, &key, &rec) != TM_Ok)
+		{
+			if (!key_locks)
+				elog(ERROR, "idempotency: a record of key \"%s\" could not be moved",
+					 text_to_cstring(key.key));
 			continue;
+		}
 		insert_version(store, to, &key, &rec, NULL);
 		moved++;
 	}

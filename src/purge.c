@@ -1,16 +1,16 @@
 /*-------------------------------------------------------------------------
  *
- * purge_worker.c
- *	  Background workers that delete expired records.
+ * purge.c
+ *	  Deleting expired records: idem_purge(), and the background workers
+ *	  that call it.
  *
  * With idempotency in shared_preload_libraries, one worker per database
  * named in idempotency.databases wakes every idempotency.purge_interval and
  * calls idem_purge(idempotency.purge_batch_size) in its own short
  * transaction, batch after batch (idempotency.purge_delay apart), until a
- * batch comes back short.  Each
- * batch locks only the rows it deletes and skips rows others are working
- * on, so concurrent claims never wait for it for long.  A database without
- * the extension is skipped.
+ * batch comes back short.  Each batch locks only the rows it deletes and
+ * skips rows others are working on, so concurrent claims never wait for it
+ * for long.  A database without the extension is skipped.
  *
  *-------------------------------------------------------------------------
  */
@@ -19,25 +19,135 @@
 #include "access/xact.h"
 #include "catalog/pg_type_d.h"
 #include "executor/spi.h"
+#include "fmgr.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/varlena.h"
 
 #include "idempotency.h"
+#include "purge.h"
+#include "sql.h"
 
-int			idem_purge_interval_s = 60;
-int			idem_purge_batch_size = 1000;
-int			idem_purge_delay_ms = 10;
-char	   *idem_purge_databases = NULL;
+PG_FUNCTION_INFO_V1(idem_purge);
+
+/* Delete up to max_rows expired records of one table */
+static uint64
+purge_table(Oid relid, int32 max_rows)
+{
+	bool		remembers = get_attnum(relid, "forget_at") != InvalidAttrNumber;
+	char	   *table = idem_qualified_name(relid);
+	Oid			argtypes[1] = {INT4OID};
+	Datum		args[1] = {Int32GetDatum(max_rows)};
+
+	uint64		n;
+
+	if (!remembers)
+		return idem_run_sql(psprintf("DELETE FROM %s"
+								" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+								"   SELECT ctid FROM %s"
+								"    WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+								"    LIMIT $1 FOR UPDATE SKIP LOCKED))",
+								table, table),
+					   1, argtypes, args, SPI_OK_DELETE);
+
+	/*
+	 * Version 1.4: a remembered key loses its response at the end of its
+	 * retention and the row at the end of remembering (a pending claim's
+	 * forget_at is not an end yet: see claim.c).  A lapsed claim that has a
+	 * checkpoint is what its next owner resumes from: it stays for the
+	 * claim's ttl, the clients' retry window, after it was made.
+	 */
+	n = idem_run_sql(psprintf("DELETE FROM %s"
+						 " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+						 "   SELECT ctid FROM %s"
+						 "    WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+						 "      AND CASE WHEN completed_at IS NULL"
+						 "               THEN checkpoint IS NULL"
+						 "                 OR created_at OPERATOR(pg_catalog.+) ttl"
+						 "                    OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+						 "               ELSE forget_at IS NULL"
+						 "                 OR forget_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+						 "          END"
+						 "    LIMIT $1 FOR UPDATE SKIP LOCKED))",
+						 table, table),
+				1, argtypes, args, SPI_OK_DELETE);
+	if (n < (uint64) max_rows)
+		(void) idem_run_sql(psprintf("UPDATE %s SET response = NULL"
+								" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+								"   SELECT ctid FROM %s"
+								"    WHERE expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()"
+								"      AND completed_at IS NOT NULL AND response IS NOT NULL"
+								"      AND forget_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()"
+								"    LIMIT $1 FOR UPDATE SKIP LOCKED))",
+								table, table),
+					   1, argtypes, args, SPI_OK_UPDATE);
+	return n;
+}
+
+/*
+ * Delete up to max_rows expired records: completed ones past their
+ * retention and pending ones whose lease lapsed, from idem_result first.
+ * Records a concurrent transaction is working on are skipped, not waited
+ * for; records claimed by uncommitted transactions are invisible and so
+ * never touched.
+ */
+Datum
+idem_purge(PG_FUNCTION_ARGS)
+{
+	int32		max_rows;
+	Oid			record_relid;
+	Oid			result_relid;
+	uint64		deleted = 0;
+
+	idem_require_arg(fcinfo, 0, "max_rows");
+	max_rows = PG_GETARG_INT32(0);
+	if (max_rows < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("argument \"%s\" must be positive", "max_rows")));
+
+	record_relid = idem_store_relid(fcinfo->flinfo->fn_oid);
+	result_relid = idem_store_result_relid(fcinfo->flinfo->fn_oid);
+
+	/*
+	 * Lock the tables in the order everything else does, idem_record
+	 * first: a switch that holds idem_record and waits for idem_result
+	 * must not find us holding idem_result and waiting for idem_record.
+	 */
+	LockRelationOid(record_relid, RowExclusiveLock);
+	if (OidIsValid(result_relid))
+		LockRelationOid(result_relid, RowExclusiveLock);
+
+	SPI_connect();
+	if (OidIsValid(result_relid))
+		deleted = purge_table(result_relid, max_rows);
+	if (deleted < (uint64) max_rows)
+		deleted += purge_table(record_relid, max_rows - (int32) deleted);
+	SPI_finish();
+
+	idem_count(IDEM_COUNT_PURGED, (int64) deleted);
+	PG_RETURN_INT64((int64) deleted);
+}
+
+
+/* ---- the workers ---- */
+
+/* The settings, which only this file reads */
+static int	idem_purge_interval_s = 60;
+static int	idem_purge_batch_size = 1000;
+static int	idem_purge_delay_ms = 10;
+static char *idem_purge_databases = NULL;
 
 /* idempotency.databases: a comma-separated list of names */
 static bool

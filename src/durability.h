@@ -1,0 +1,24 @@
+/*-------------------------------------------------------------------------
+ *
+ * durability.h
+ *	  The durability modes and their switches (durability.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_DURABILITY_H
+#define IDEM_DURABILITY_H
+
+/* In order of what they keep: a lower mode promises less */
+typedef enum IdemDurability
+{
+	IDEM_DURABILITY_NONE,
+	IDEM_DURABILITY_COMPLETED,
+	IDEM_DURABILITY_ALL
+} IdemDurability;
+
+extern IdemDurability idem_durability_from_name(const char *name);
+extern void idem_durability_restore(Oid fn_oid, IdemDurability mode, bool replace);
+extern void idem_durability_settle(Oid fn_oid);
+extern bool idem_durability_switching(void);
+
+#endif							/* IDEM_DURABILITY_H */
