@@ -43,6 +43,7 @@
 #include "utils/snapmgr.h"
 
 #include "durability.h"
+#include "catalog.h"
 #include "idempotency.h"
 #include "publication.h"
 #include "sql.h"
@@ -53,23 +54,14 @@ PG_FUNCTION_INFO_V1(idem_durability);
 
 static const char *const durability_names[] = {"none", "completed", "all"};
 
-/*
- * The mode the tables' persistence makes: 'completed' when the completed
- * records' table is logged and the claims' one is not (as idem_store_open
- * decides where a finish puts a record), otherwise idem_record's
- * persistence alone.
- */
+/* The mode the tables' persistence makes (idem_tables_mode) */
 static IdemDurability
 current_durability(Oid fn_oid)
 {
-	Oid			record_relid = idem_store_relid(fn_oid);
-	Oid			result_relid = idem_store_result_relid(fn_oid);
-	bool		records_logged = get_rel_persistence(record_relid) == RELPERSISTENCE_PERMANENT;
+	Oid			result_relid = idem_catalog_result_relid(fn_oid);
 
-	if (!records_logged && OidIsValid(result_relid) &&
-		get_rel_persistence(result_relid) == RELPERSISTENCE_PERMANENT)
-		return IDEM_DURABILITY_COMPLETED;
-	return records_logged ? IDEM_DURABILITY_ALL : IDEM_DURABILITY_NONE;
+	return idem_tables_mode(get_rel_persistence(idem_catalog_record_relid(fn_oid)),
+							OidIsValid(result_relid) ? get_rel_persistence(result_relid) : 0);
 }
 
 /*
@@ -79,7 +71,7 @@ current_durability(Oid fn_oid)
 static IdemDurability
 recorded_durability(Oid fn_oid)
 {
-	Oid			relid = idem_store_table(fn_oid, "idem_mode");
+	Oid			relid = idem_catalog_table(fn_oid, "idem_mode");
 	IdemDurability mode = IDEM_DURABILITY_ALL;
 
 	if (!OidIsValid(relid))
@@ -154,7 +146,7 @@ static bool switching = false;
 static void
 record_mode(Oid fn_oid, IdemDurability mode)
 {
-	Oid			relid = idem_store_table(fn_oid, "idem_mode");
+	Oid			relid = idem_catalog_table(fn_oid, "idem_mode");
 	char	   *table;
 	Oid			argtypes[1] = {TEXTOID};
 	Datum		args[1];
@@ -178,8 +170,8 @@ record_mode(Oid fn_oid, IdemDurability mode)
 static void
 switch_tables(Oid fn_oid, IdemDurability mode)
 {
-	Oid			record_relid = idem_store_relid(fn_oid);
-	Oid			result_relid = idem_store_result_relid(fn_oid);
+	Oid			record_relid = idem_catalog_record_relid(fn_oid);
+	Oid			result_relid = idem_catalog_result_relid(fn_oid);
 	char	   *records = idem_qualified_name(record_relid);
 
 	if (!OidIsValid(result_relid))
@@ -326,7 +318,7 @@ static void
 replace_mode(Oid fn_oid, IdemDurability mode)
 {
 	idem_run_sql(psprintf("DELETE FROM %s",
-					 idem_qualified_name(idem_store_table(fn_oid, "idem_mode"))),
+					 idem_qualified_name(idem_catalog_table(fn_oid, "idem_mode"))),
 			0, NULL, NULL, SPI_OK_DELETE);
 	switch_to(fn_oid, mode);
 }
@@ -334,8 +326,8 @@ replace_mode(Oid fn_oid, IdemDurability mode)
 static void
 settle_records(Oid fn_oid, IdemDurability mode)
 {
-	Oid			record_relid = idem_store_relid(fn_oid);
-	Oid			result_relid = idem_store_result_relid(fn_oid);
+	Oid			record_relid = idem_catalog_record_relid(fn_oid);
+	Oid			result_relid = idem_catalog_result_relid(fn_oid);
 	char	   *records = idem_qualified_name(record_relid);
 	char	   *results = idem_qualified_name(result_relid);
 
@@ -403,15 +395,15 @@ static void
 drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
 {
 	IdemStore	store;
-	Oid			relid = from == IDEM_RECORDS ? idem_store_relid(fn_oid) :
-		idem_store_result_relid(fn_oid);
+	Oid			relid = from == IDEM_RECORDS ? idem_catalog_record_relid(fn_oid) :
+		idem_catalog_result_relid(fn_oid);
 
 	Assert(OidIsValid(relid));
 
 	drain(fn_oid, from, all, batch);
 
-	lock_tables(idem_qualified_name(idem_store_relid(fn_oid)),
-				idem_qualified_name(idem_store_result_relid(fn_oid)));
+	lock_tables(idem_qualified_name(idem_catalog_record_relid(fn_oid)),
+				idem_qualified_name(idem_catalog_result_relid(fn_oid)));
 	/* a snapshot taken once we hold the locks sees every finished write */
 	PushActiveSnapshot(GetTransactionSnapshot());
 	idem_store_open(&store, fn_oid, AccessExclusiveLock);
@@ -420,7 +412,7 @@ drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
 	idem_run_sql(psprintf("ALTER TABLE %s SET %s", idem_qualified_name(relid),
 					 logged ? "LOGGED" : "UNLOGGED"),
 			0, NULL, NULL, SPI_OK_UTILITY);
-	CacheInvalidateRelcacheByRelid(idem_store_relid(fn_oid));
+	CacheInvalidateRelcacheByRelid(idem_catalog_record_relid(fn_oid));
 	PopActiveSnapshot();
 	SPI_commit();
 }
@@ -474,7 +466,7 @@ idem_set_durability_online(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("argument \"%s\" must be positive", "batch_size")));
-	if (!OidIsValid(idem_store_result_relid(fn_oid)))
+	if (!OidIsValid(idem_catalog_result_relid(fn_oid)))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("an online switch needs version 1.4 of the extension"),
@@ -512,8 +504,8 @@ switch_online(Oid fn_oid, IdemDurability target, bool want_result_logged,
 {
 	for (;;)
 	{
-		Oid			record_relid = idem_store_relid(fn_oid);
-		Oid			result_relid = idem_store_result_relid(fn_oid);
+		Oid			record_relid = idem_catalog_record_relid(fn_oid);
+		Oid			result_relid = idem_catalog_result_relid(fn_oid);
 		bool		record_logged = get_rel_persistence(record_relid) == RELPERSISTENCE_PERMANENT;
 		bool		result_logged = get_rel_persistence(result_relid) == RELPERSISTENCE_PERMANENT;
 

@@ -8,13 +8,7 @@
 #ifndef IDEM_DURABILITY_H
 #define IDEM_DURABILITY_H
 
-/* In order of what they keep: a lower mode promises less */
-typedef enum IdemDurability
-{
-	IDEM_DURABILITY_NONE,
-	IDEM_DURABILITY_COMPLETED,
-	IDEM_DURABILITY_ALL
-} IdemDurability;
+#include "idempotency.h"
 
 extern IdemDurability idem_durability_from_name(const char *name);
 extern void idem_durability_restore(Oid fn_oid, IdemDurability mode, bool replace);

@@ -11,7 +11,9 @@
 #include "fmgr.h"
 #include "utils/guc.h"
 
+#include "catalog.h"
 #include "idempotency.h"
+#include "shape.h"
 #include "publication.h"
 #include "purge.h"
 
@@ -26,7 +28,8 @@ _PG_init(void)
 	idem_purge_init();			/* purge_*, databases; the workers */
 	idem_publication_init();	/* publish_records */
 	idem_counters_init();		/* shared memory, when preloaded */
-	idem_store_init();			/* forget cached OIDs on invalidation */
+	idem_catalog_init();		/* forget cached OIDs on invalidation */
+	idem_shape_init();			/* forget cached shapes on invalidation */
 
 	MarkGUCPrefixReserved("idempotency");
 }

@@ -3,27 +3,33 @@
  * idempotency.h
  *	  Shared declarations of the idempotency extension.
  *
- * The extension is split by concern:
- *	  idempotency.c  module entry point: calls each part's init
- *	  args.c         arguments of the idem_* functions, and the settings
- *	                 that give their defaults
+ * The extension is split by concern, each file owning one thing:
+ *	  idempotency.c  the module's entry point: each part's init
+ *	  args.c         the settings, and the arguments of the idem_* functions
  *	  claim.c        the claim logic: idem_begin / idem_finish / idem_abort /
  *	                 idem_renew / idem_checkpoint
- *	  storage.c      the record tables: their shape, look-ups, writes through
- *	                 the executor (each one verified), moves between them
- *	  writer.c       the executor state of one of those writes
+ *	  catalog.c      the extension's objects, and their cache
+ *	  shape.c        the record tables' shape
+ *	  store.c        opening and closing the tables, and the one definition
+ *	                 of the durability mode
+ *	  read.c         reading records
+ *	  write.c        writing records, and every move between the tables
  *	  tokens.c       fencing tokens: epochs and counts
- *	  locks.c        the per-key lock, waiting for a claim and waking waiters,
- *	                 the session lock of 'session' claims
- *	  fingerprint.c  idem_fingerprint()
- *	  admin.c        idem_purge(), the durability modes and their switches,
- *	                 the mode in dumps, the publication guard
+ *	  locks.c        the key lock, waiting for an attempt, waking waiters,
+ *	                 the locks of 'session' claims and of switches
+ *	  durability.c   the durability modes and the switches between them
+ *	  restore.c      the triggers that settle a restored dump
+ *	  publication.c  the guard against publications of the tables
+ *	  purge.c        idem_purge(), and the background workers
+ *	  sql.c          SPI statements on the extension's own tables
  *	  stats.c        idem_inspect, idem_stats: the records as a DBA sees them
- *	                 (idem_monitor, for pg_monitor, is a view in the scripts)
  *	  counters.c     server-wide counters in shared memory
- *	  purge_worker.c the background worker that purges expired records, and
- *	                 its settings
+ *	  fingerprint.c  idem_fingerprint()
  *	  pg_compat.h    differences between PostgreSQL versions
+ *
+ * This header holds what several of them share: the key, the record, the
+ * store of open tables, and the declarations of the parts that have no
+ * header of their own.
  *
  *-------------------------------------------------------------------------
  */
@@ -195,7 +201,42 @@ typedef struct IdemRecord
 
 #define IdemRecordIsPending(rec)	((rec)->completed_at == 0)
 
+/* The durability modes, in order of what they keep (durability.c) */
+typedef enum IdemDurability
+{
+	IDEM_DURABILITY_NONE,
+	IDEM_DURABILITY_COMPLETED,
+	IDEM_DURABILITY_ALL
+} IdemDurability;
+
+/* opening and closing the tables, the mode (store.c) */
 extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode);
+extern void idem_store_need_heap(IdemStore *store, int table);
+extern void idem_store_need_table(IdemStore *store, int table);
+extern IdemDurability idem_tables_mode(char records, char results);
+
+/* Column c of a version in table t; absent columns read as NULL */
+static inline Datum
+idem_store_column(IdemStore *store, int t, TupleTableSlot *slot, IdemColumn c, bool *isnull)
+{
+	AttrNumber	att = store->shape[t].attnum[c];
+
+	if (att == InvalidAttrNumber)
+	{
+		*isnull = true;
+		return (Datum) 0;
+	}
+	return slot_getattr(slot, att, isnull);
+}
+
+/* reading (read.c) */
+extern Datum idem_store_required_column(IdemStore *store, int t, TupleTableSlot *slot,
+										IdemColumn c);
+extern bool idem_store_fetch_in(IdemStore *store, int table, const IdemKey *key,
+								IdemRecord *rec);
+extern void idem_store_note_claim(IdemStore *store, const IdemKey *key, int64 token,
+								  ItemPointer tid);
+
 extern void idem_store_close(IdemStore *store, bool release);
 extern void idem_store_note_hidden(IdemStore *store);
 extern bool idem_store_peek(IdemStore *store, const IdemKey *key,
@@ -217,31 +258,9 @@ typedef void (*IdemRecordCallback) (void *arg, text *operation, bool pending,
 									TimestampTz forget_at);
 extern void idem_store_scan_role(IdemStore *store, Oid role,
 								 IdemRecordCallback fn, void *arg);
-extern Oid	idem_store_relid(Oid fn_oid);
-extern Oid	idem_store_result_relid(Oid fn_oid);
-extern Oid	idem_store_table(Oid fn_oid, const char *name);
-extern Oid	idem_store_member(IdemStore *store, const char *name);
+/* writing (write.c) */
 extern int64 idem_store_move_batch(IdemStore *store, int from, bool all,
 								   int64 max_rows);
-extern void idem_store_init(void);
-
-/* ---- the executor state of one write (writer.c) ---- */
-
-typedef struct IdemWriter
-{
-	Relation	heap;			/* the table written */
-	EState	   *estate;
-	ResultRelInfo *rri;			/* the table, with all its indexes open */
-	EPQState	epq;			/* set up only with row triggers */
-	TupleTableSlot *slot;		/* the new version */
-	TupleTableSlot *oldslot;	/* the version replaced or deleted */
-	ExprState **defaults;		/* per column, prepared when first needed */
-	bool		row_triggers;	/* the table has row triggers */
-} IdemWriter;
-
-extern IdemWriter *idem_writer_begin(Relation heap);
-extern void idem_writer_end(IdemWriter *w);
-extern Datum idem_writer_default(IdemWriter *w, AttrNumber att, bool *isnull);
 
 /* ---- fencing tokens (tokens.c) ---- */
 

@@ -35,6 +35,7 @@
 #include "utils/timestamp.h"
 #include "utils/varlena.h"
 
+#include "catalog.h"
 #include "idempotency.h"
 #include "purge.h"
 #include "sql.h"
@@ -117,8 +118,8 @@ idem_purge(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("argument \"%s\" must be positive", "max_rows")));
 
-	record_relid = idem_store_relid(fcinfo->flinfo->fn_oid);
-	result_relid = idem_store_result_relid(fcinfo->flinfo->fn_oid);
+	record_relid = idem_catalog_record_relid(fcinfo->flinfo->fn_oid);
+	result_relid = idem_catalog_result_relid(fcinfo->flinfo->fn_oid);
 
 	/*
 	 * Lock the tables in the order everything else does, idem_record

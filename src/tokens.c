@@ -101,6 +101,7 @@
 #include "utils/timestamp.h"
 #include "pgstat.h"
 
+#include "catalog.h"
 #include "idempotency.h"
 
 /* a token: epoch << COUNT_BITS | count */
@@ -306,7 +307,7 @@ start_epoch(IdemStore *store, int bits, int64 min_epoch)
 
 	if (bits == COUNT_BITS)
 		epoch = next_epoch(store->epoch_seq,
-						   idem_store_member(store, "idem_token_cluster"),
+						   idem_catalog_member(store->extension, store->token_seq, "idem_token_cluster"),
 						   min_epoch);
 	else
 		epoch = nextval_internal(store->epoch_seq, false);
@@ -333,7 +334,7 @@ idem_next_token(IdemStore *store)
 		 * update's invalidations, and look again.
 		 */
 		LockRelationOid(store->token_seq, RowExclusiveLock);
-		store->epoch_seq = idem_store_member(store, "idem_token_epoch");
+		store->epoch_seq = idem_catalog_member(store->extension, store->token_seq, "idem_token_epoch");
 	}
 	if (!OidIsValid(store->epoch_seq))
 	{

@@ -1,0 +1,29 @@
+/*-------------------------------------------------------------------------
+ *
+ * catalog.h
+ *	  The extension's objects and their cache (catalog.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_CATALOG_H
+#define IDEM_CATALOG_H
+
+/* The extension's objects in the schema of the calling function */
+typedef struct IdemObjects
+{
+	Oid			extension;
+	Oid			records;		/* idem_record */
+	Oid			results;		/* idem_result; InvalidOid before 1.3 */
+	Oid			token_seq;		/* idem_token_seq */
+	Oid			epoch_seq;		/* idem_token_epoch; InvalidOid before 1.2 */
+} IdemObjects;
+
+extern void idem_catalog_objects(Oid fn_oid, IdemObjects *objects);
+extern Oid	idem_catalog_record_relid(Oid fn_oid);
+extern Oid	idem_catalog_result_relid(Oid fn_oid);
+extern Oid	idem_catalog_table(Oid fn_oid, const char *name);
+extern Oid	idem_catalog_member(Oid extoid, Oid token_seq, const char *name);
+extern bool idem_catalog_result_logged(Oid resultid);
+extern void idem_catalog_init(void);
+
+#endif							/* IDEM_CATALOG_H */

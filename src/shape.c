@@ -1,0 +1,221 @@
+/*-------------------------------------------------------------------------
+ *
+ * shape.c
+ *	  The record tables' shape: where each of the extension's columns is,
+ *	  checked against what the code relies on, and cached.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/dependency.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_depend.h"
+#include "catalog/pg_am_d.h"
+#include "catalog/pg_collation_d.h"
+#include "catalog/pg_extension_d.h"
+#include "catalog/pg_proc_d.h"
+#include "catalog/pg_type_d.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
+#include "executor/tuptable.h"
+#include "miscadmin.h"
+#include "nodes/execnodes.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
+#include "rewrite/rewriteHandler.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "idempotency.h"
+#include "shape.h"
+#include "pg_compat.h"
+
+/*
+ * Each table's shape (see check_shape), kept while its relcache entry is:
+ * any ALTER TABLE, index change or rewrite of the table invalidates it.
+ */
+static IdemShape shape_cache[IDEM_NUM_TABLES];
+static Oid	shape_relid[IDEM_NUM_TABLES];
+
+static void
+forget_shapes(Datum arg, Oid relid)
+{
+	for (int t = 0; t < IDEM_NUM_TABLES; t++)
+		if (relid == InvalidOid || relid == shape_relid[t])
+			shape_relid[t] = InvalidOid;
+}
+
+void
+idem_shape_init(void)
+{
+	CacheRegisterRelcacheCallback(forget_shapes, (Datum) 0);
+}
+
+
+/*
+ * The columns the code reads and writes, by name.  A DBA may add columns
+ * (a write fills them with their default, or NULL, and an update keeps
+ * them), but not drop, retype or rename these.  role_id was an oid before
+ * version 1.3.
+ */
+static const struct
+{
+	const char *name;
+	Oid			type;
+	Oid			old_type;		/* also accepted */
+}			columns[IDEM_NUM_COLUMNS] = {
+	[IDEM_COL_ROLE_ID] = {"role_id", REGROLEOID, OIDOID},
+	[IDEM_COL_OPERATION] = {"operation", TEXTOID},
+	[IDEM_COL_KEY] = {"key", TEXTOID},
+	[IDEM_COL_TOKEN] = {"token", INT8OID},
+	[IDEM_COL_FINGERPRINT] = {"fingerprint", BYTEAOID},
+	[IDEM_COL_TTL] = {"ttl", INTERVALOID},
+	[IDEM_COL_CREATED_AT] = {"created_at", TIMESTAMPTZOID},
+	[IDEM_COL_COMPLETED_AT] = {"completed_at", TIMESTAMPTZOID},
+	[IDEM_COL_EXPIRES_AT] = {"expires_at", TIMESTAMPTZOID},
+	[IDEM_COL_RESPONSE] = {"response", JSONBOID},
+	[IDEM_COL_HOLDER] = {"holder", INT8OID},
+	[IDEM_COL_CHECKPOINT] = {"checkpoint", JSONBOID},
+	[IDEM_COL_TAKEOVERS] = {"takeovers", INT4OID},
+	[IDEM_COL_FORGET_AT] = {"forget_at", TIMESTAMPTZOID},
+};
+
+/* The name of one of the extension's columns */
+const char *
+idem_shape_column_name(IdemColumn c)
+{
+	return columns[c].name;
+}
+
+static void
+shape_error(Relation rel, const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("idempotency table \"%s\" has a shape the extension cannot use",
+					RelationGetRelationName(rel)),
+			 errdetail_internal("%s", detail),
+			 errhint("Undo the change to the table; columns of your own may be added if they are nullable or have a default.")));
+}
+
+/*
+ * Find our columns in the table and check everything the code relies on:
+ * a plain table, each column of the right type, any other column fillable
+ * (nullable, or with a default), and a primary key on (role_id,
+ * operation, key) with the C collation, which is what fetch_in's scan keys
+ * describe.  Anything else is an error naming the table, never a write of
+ * the wrong shape.
+ */
+static void
+check_shape(Relation heap, Relation pkey, IdemShape *shape)
+{
+	TupleDesc	desc = RelationGetDescr(heap);
+	int			ours = 0;
+	int			new_columns = 0;
+
+	memset(shape, 0, sizeof(*shape));
+	shape->exact = true;
+	if (heap->rd_rel->relkind != RELKIND_RELATION)
+		shape_error(heap, "It is not a plain table.");
+
+	for (int i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		int			c;
+
+		if (att->attisdropped)
+		{
+			shape->exact = false;
+			continue;
+		}
+		for (c = 0; c < IDEM_NUM_COLUMNS; c++)
+			if (strcmp(NameStr(att->attname), columns[c].name) == 0)
+				break;
+		if (c == IDEM_NUM_COLUMNS)
+		{
+			/* a column of the DBA's: the write must be able to fill it */
+			shape->exact = false;
+			if (att->attnotnull && !att->atthasdef && !att->attidentity &&
+				!att->attgenerated)
+				shape_error(heap, psprintf("Column \"%s\" is NOT NULL and has no default.",
+										   NameStr(att->attname)));
+			continue;
+		}
+		if (att->atttypid != columns[c].type && att->atttypid != columns[c].old_type)
+			shape_error(heap, psprintf("Column \"%s\" has type %s, not %s.",
+									   NameStr(att->attname),
+									   format_type_be(att->atttypid),
+									   format_type_be(columns[c].type)));
+		shape->attnum[c] = att->attnum;
+		if (att->attnum != c + 1)
+			shape->exact = false;
+		ours++;
+		if (c >= IDEM_NUM_COLUMNS_1_0)
+			new_columns++;
+	}
+	for (int c = 0; c < IDEM_NUM_COLUMNS_1_0; c++)
+		if (shape->attnum[c] == InvalidAttrNumber)
+			shape_error(heap, psprintf("Column \"%s\" is missing.", columns[c].name));
+	if (new_columns != 0 && new_columns != IDEM_NUM_COLUMNS - IDEM_NUM_COLUMNS_1_0)
+		shape_error(heap, "Some of the columns of version 1.4 are missing.");
+	shape->has_1_4 = (new_columns != 0);
+	if (ours != desc->natts)
+		shape->exact = false;
+
+	/* the primary key fetch_in descends */
+	if (pkey->rd_rel->relam != BTREE_AM_OID ||
+		IndexRelationGetNumberOfKeyAttributes(pkey) != 3 ||
+		pkey->rd_index->indkey.values[0] != shape->attnum[IDEM_COL_ROLE_ID] ||
+		pkey->rd_index->indkey.values[1] != shape->attnum[IDEM_COL_OPERATION] ||
+		pkey->rd_index->indkey.values[2] != shape->attnum[IDEM_COL_KEY] ||
+		pkey->rd_indcollation[1] != C_COLLATION_OID ||
+		pkey->rd_indcollation[2] != C_COLLATION_OID)
+		shape_error(heap, psprintf("Its primary key \"%s\" is not a btree on (role_id, operation, key) with collation \"C\".",
+								   RelationGetRelationName(pkey)));
+	shape->pkey = RelationGetRelid(pkey);
+}
+
+
+/*
+ * Open the primary key of table number "table" of a store, heap, and learn
+ * the table's shape.
+ */
+Relation
+idem_shape_open(Relation heap, int table, LOCKMODE lockmode, IdemShape *shape)
+{
+	Relation	index;
+	Oid			relid = RelationGetRelid(heap);
+	Oid			pkey;
+
+	if (shape_relid[table] == relid)
+	{
+		*shape = shape_cache[table];
+		return index_open(shape->pkey, lockmode);
+	}
+
+	if (heap->rd_rel->relkind != RELKIND_RELATION)
+		shape_error(heap, "It is not a plain table.");
+	pkey = idem_primary_key_index(heap);
+	if (!OidIsValid(pkey))
+		shape_error(heap, "It has no primary key: restore the primary key on (role_id, operation, key).");
+	index = index_open(pkey, lockmode);
+	check_shape(heap, index, shape);
+	/* opening the index may have processed an invalidation of the table */
+	shape_cache[table] = *shape;
+	shape_relid[table] = relid;
+	return index;
+}

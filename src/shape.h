@@ -1,0 +1,18 @@
+/*-------------------------------------------------------------------------
+ *
+ * shape.h
+ *	  The record tables' shape (shape.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_SHAPE_H
+#define IDEM_SHAPE_H
+
+#include "idempotency.h"
+
+extern Relation idem_shape_open(Relation heap, int table, LOCKMODE lockmode,
+								IdemShape *shape);
+extern const char *idem_shape_column_name(IdemColumn c);
+extern void idem_shape_init(void);
+
+#endif							/* IDEM_SHAPE_H */

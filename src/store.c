@@ -1,0 +1,209 @@
+/*-------------------------------------------------------------------------
+ *
+ * store.c
+ *	  Opening and closing the record tables for one call, and the one
+ *	  definition of the durability mode their persistence makes.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/dependency.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_depend.h"
+#include "catalog/pg_am_d.h"
+#include "catalog/pg_collation_d.h"
+#include "catalog/pg_extension_d.h"
+#include "catalog/pg_proc_d.h"
+#include "catalog/pg_type_d.h"
+#include "commands/trigger.h"
+#include "executor/executor.h"
+#include "executor/tuptable.h"
+#include "miscadmin.h"
+#include "nodes/execnodes.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
+#include "rewrite/rewriteHandler.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "catalog.h"
+#include "idempotency.h"
+#include "shape.h"
+#include "pg_compat.h"
+
+/*
+ * Open one table of the store.  An unlogged table has no data on a
+ * standby: a look there (idem_inspect, idem_stats) reads what the standby
+ * has -- completed records in a logged idem_result -- and
+ * idem_store_note_hidden says what it cannot see.
+ */
+static void
+open_heap(IdemStore *store, int table, Oid relid)
+{
+	Relation	heap = table_open(relid, store->lockmode);
+
+	if (heap->rd_rel->relpersistence == RELPERSISTENCE_UNLOGGED &&
+		RecoveryInProgress())
+	{
+		if (store->lockmode != AccessShareLock)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("idempotency records cannot be written during recovery"),
+					 errdetail("Table \"%s\" is unlogged: it is not replicated to standbys.",
+							   RelationGetRelationName(heap))));
+		table_close(heap, store->lockmode);
+		store->hidden[table] = true;
+		return;
+	}
+	store->heap[table] = heap;
+}
+
+
+static void
+open_index(IdemStore *store, int table)
+{
+	store->index[table] = idem_shape_open(store->heap[table], table,
+										  store->lockmode, &store->shape[table]);
+}
+
+static void
+open_table(IdemStore *store, int table, Oid relid)
+{
+	open_heap(store, table, relid);
+	if (store->heap[table] != NULL)
+		open_index(store, table);
+}
+
+
+/*
+ * Open the tables and their primary keys: RowExclusiveLock to write,
+ * AccessShareLock to only read (which also works on a standby).
+ *
+ * idem_result (from version 1.3) is opened and searched in every mode: the
+ * durability mode decides only where a write puts a completed record, and
+ * a record put there stays findable whatever a DBA does to the tables'
+ * persistence by hand.
+ */
+void
+idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
+{
+	IdemObjects objects;
+	Oid			relid;
+	Oid			resultid;
+
+	idem_catalog_objects(fn_oid, &objects);
+	relid = objects.records;
+	resultid = objects.results;
+	store->extension = objects.extension;
+	store->token_seq = objects.token_seq;
+	store->epoch_seq = objects.epoch_seq;
+	store->lockmode = lockmode;
+	store->fn_oid = fn_oid;
+
+	memset(store->heap, 0, sizeof(store->heap));
+	memset(store->index, 0, sizeof(store->index));
+	memset(store->hidden, 0, sizeof(store->hidden));
+	open_table(store, IDEM_RECORDS, relid);
+	store->ntables = OidIsValid(resultid) ? 2 : 1;
+	store->result_relid = resultid;
+
+	/*
+	 * The persistence of both decides the mode.  Our lock on idem_record
+	 * keeps it: a switch takes ACCESS EXCLUSIVE locks on both tables, and
+	 * invalidates idem_record, whose lock we took after it.
+	 */
+	store->split = idem_tables_mode(store->hidden[IDEM_RECORDS] ? RELPERSISTENCE_UNLOGGED :
+									store->heap[IDEM_RECORDS]->rd_rel->relpersistence,
+									!OidIsValid(resultid) ? 0 :
+									idem_catalog_result_logged(resultid) ?
+									RELPERSISTENCE_PERMANENT : RELPERSISTENCE_UNLOGGED) ==
+		IDEM_DURABILITY_COMPLETED;
+}
+
+/*
+ * The durability mode the tables' persistence makes -- the one definition
+ * of it: 'completed' when idem_result is logged and idem_record is not
+ * (a finish then moves a record to idem_result), otherwise idem_record's
+ * persistence alone.  results: idem_result's persistence, 0 before 1.3.
+ */
+IdemDurability
+idem_tables_mode(char records, char results)
+{
+	if (records != RELPERSISTENCE_PERMANENT && results == RELPERSISTENCE_PERMANENT)
+		return IDEM_DURABILITY_COMPLETED;
+	return records == RELPERSISTENCE_PERMANENT ? IDEM_DURABILITY_ALL :
+		IDEM_DURABILITY_NONE;
+}
+
+/*
+ * idem_result is opened when a call first needs it: a replay in modes
+ * 'none' and 'all' finds its record in idem_record and never does.
+ */
+void
+idem_store_need_heap(IdemStore *store, int table)
+{
+	Assert(table < store->ntables);
+	if (table == IDEM_RESULTS && store->heap[IDEM_RESULTS] == NULL &&
+		!store->hidden[IDEM_RESULTS])
+		open_heap(store, IDEM_RESULTS, store->result_relid);
+}
+
+/* ... with its primary key */
+void
+idem_store_need_table(IdemStore *store, int table)
+{
+	idem_store_need_heap(store, table);
+	if (store->heap[table] != NULL && store->index[table] == NULL)
+		open_index(store, table);
+}
+
+/*
+ * During recovery: say which records a look could not see (the unlogged
+ * tables'), as a NOTICE.
+ */
+void
+idem_store_note_hidden(IdemStore *store)
+{
+	if (store->hidden[IDEM_RECORDS])
+		ereport(NOTICE,
+				(errmsg("pending idempotency claims cannot be seen during recovery"),
+				 errdetail(store->split ?
+						   "Table \"idem_record\" is unlogged: it is not replicated to standbys. Completed records, which are logged, are shown." :
+						   "The record tables are unlogged: they are not replicated to standbys, and no record is shown."),
+				 errhint("Look on the primary to see every record.")));
+}
+
+/*
+ * Close the tables and their indexes.  release: give the locks back now
+ * rather than at the end of the transaction (a lock the transaction held
+ * before the open stays held).
+ */
+void
+idem_store_close(IdemStore *store, bool release)
+{
+	LOCKMODE	mode = release ? store->lockmode : NoLock;
+
+	for (int t = store->ntables - 1; t >= 0; t--)
+	{
+		if (store->heap[t] == NULL)
+			continue;
+		if (store->index[t] != NULL)
+			index_close(store->index[t], mode);
+		table_close(store->heap[t], mode);
+	}
+}
+
