@@ -12,7 +12,19 @@
 //                                before it gets 409 (statement_timeout)
 //   PROVIDER_DELAY_MS=300        the simulated provider's latency
 //   PROVIDER_FLAKY_CUSTOMERS=a,b customers whose first call per key times out
-//   POOL_SIZE=10                 connections of each pool
+//   POOL_SIZE=10                 connections of each pool; a charge in
+//                                flight keeps one of the claims' pool (app.js)
+//   POOL_IDLE_TIMEOUT_MS=10000   an idle pooled connection is closed after
+//                                this long (node-pg's idleTimeoutMillis; 0:
+//                                never); it never closes a claim's connection
+//   CHECKPOINT=off|on            on: before calling the provider, record a
+//                                checkpoint on the claim, so that after a
+//                                crash the retry gets 'recover' and asks the
+//                                provider for the charge instead of calling
+//                                it again.  Needed only with a provider that
+//                                must not be called twice with one key; the
+//                                default relies on the provider deduplicating
+//                                by the key it is passed (app.js, README.md)
 //   RECOVERY=off                 no session takeover nor checkpoints even when
 //                                the extension has them (1.4): app.js
 
@@ -32,6 +44,11 @@ if (inFlight !== 'wait' && inFlight !== 'raise') {
 	console.error(`IN_FLIGHT must be "wait" or "raise", not ${JSON.stringify(inFlight)}`);
 	process.exit(2);
 }
+const checkpointOption = env.CHECKPOINT ?? 'off';
+if (checkpointOption !== 'on' && checkpointOption !== 'off') {
+	console.error(`CHECKPOINT must be "on" or "off", not ${JSON.stringify(checkpointOption)}`);
+	process.exit(2);
+}
 
 // bytea_output = hex: the IK422 DETAIL carries the fingerprints in hex
 // Two pools (app.js): claims, which may wait, apart from the finishing
@@ -39,11 +56,14 @@ if (inFlight !== 'wait' && inFlight !== 'raise') {
 // claims run on `pool`: they wait as long as a claim may, too.
 const options = '-c bytea_output=hex';
 const max = Number(env.POOL_SIZE ?? 10);
+const idleTimeoutMillis = Number(env.POOL_IDLE_TIMEOUT_MS ?? 10000);
 const claimPool = new pg.Pool({
-	max, options, application_name: 'payments-api claims', statement_timeout: waitTimeoutMs,
+	max, idleTimeoutMillis, options, application_name: 'payments-api claims', statement_timeout: waitTimeoutMs,
 });
-const pool = new pg.Pool({ max, options, application_name: 'payments-api', statement_timeout: waitTimeoutMs });
-const providerPool = new pg.Pool({ max, application_name: 'simulated provider' });
+const pool = new pg.Pool({
+	max, idleTimeoutMillis, options, application_name: 'payments-api', statement_timeout: waitTimeoutMs,
+});
+const providerPool = new pg.Pool({ max, idleTimeoutMillis, application_name: 'simulated provider' });
 for (const p of [claimPool, pool, providerPool]) {
 	// an idle connection that breaks (server restart) must not kill the process
 	p.on('error', (err) => console.error('idle connection error:', err.message));
@@ -55,15 +75,20 @@ const provider = createProvider({
 	flakyCustomers: (env.PROVIDER_FLAKY_CUSTOMERS ?? '').split(',').filter(Boolean),
 });
 
-// session takeover and checkpoints when the extension has them (1.4)
-let recovery = false;
+// session takeover when the extension has it (1.4), and checkpoints if asked
+let sessionTakeover = false;
 try {
-	recovery = env.RECOVERY !== 'off' && await hasRecovery(pool);
+	sessionTakeover = env.RECOVERY !== 'off' && await hasRecovery(pool);
 } catch (err) {
 	console.error(`cannot reach the database: ${err.message}`);
 	process.exit(1);
 }
-const app = createApp({ claimPool, pool, provider, inFlight, lease, recovery });
+const checkpoint = checkpointOption === 'on';
+if (checkpoint && !sessionTakeover) {
+	console.error('CHECKPOINT=on needs the extension\'s version 1.4 or later, and not RECOVERY=off');
+	process.exit(2);
+}
+const app = createApp({ claimPool, pool, provider, inFlight, lease, sessionTakeover, checkpoint });
 
 const server = app.listen(port, host, (err) => {
 	if (err) {
@@ -71,7 +96,7 @@ const server = app.listen(port, host, (err) => {
 		process.exit(1);
 	}
 	console.log(`payments-api listening on http://${host}:${port} (in_flight=${inFlight}, lease=${lease}, ` +
-		`recovery=${recovery ? 'on' : 'off'})`);
+		`takeover=${sessionTakeover ? 'session' : 'lease'}, checkpoint=${checkpoint ? 'on' : 'off'})`);
 });
 
 function shutdown() {

@@ -17,7 +17,8 @@
 // what the handler answered as its NestJS interceptor does, errors included).
 //
 // Environment: PORT, HOST (127.0.0.1), PG* (the database), REDIS_SOCKET (the
-// Redis libraries), LEASE (ext), POOL_SIZE (10), PROVIDER=memory|ledger:
+// Redis libraries), LEASE, CHECKPOINT and RECOVERY (ext: as in the example's
+// server.js), POOL_SIZE (10), PROVIDER=memory|ledger:
 // memory: a provider that answers at once and keeps nothing (throughput: a
 // real provider's work is not done on this machine); ledger: the example's
 // provider (provider_charges table, deduplicates by key, PROVIDER_DELAY_MS,
@@ -134,9 +135,11 @@ async function extApp() {
 	const options = '-c bytea_output=hex';
 	const claimPool = new pg.Pool({ ...poolOptions, options, application_name: 'httpbench ext claims' });
 	const finishPool = new pg.Pool({ ...poolOptions, options, application_name: 'httpbench ext' });
-	// as server.js: session takeover and checkpoints when the extension has them
-	const recovery = env.RECOVERY === 'off' ? false : await hasRecovery(finishPool);
-	return createApp({ claimPool, pool: finishPool, provider, lease: env.LEASE ?? '30 s', recovery });
+	// as server.js: session takeover when the extension has it, a
+	// checkpoint with CHECKPOINT=on
+	const sessionTakeover = env.RECOVERY === 'off' ? false : await hasRecovery(finishPool);
+	const checkpoint = sessionTakeover && env.CHECKPOINT === 'on';
+	return createApp({ claimPool, pool: finishPool, provider, lease: env.LEASE ?? '30 s', sessionTakeover, checkpoint });
 }
 
 async function expidemApp() {
