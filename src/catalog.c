@@ -52,9 +52,9 @@
  */
 static Oid	extension_oid = InvalidOid;
 static Oid	record_relid = InvalidOid;
-static Oid	result_relid = InvalidOid;	/* InvalidOid before version 1.3 */
+static Oid	result_relid = InvalidOid;	/* InvalidOid in a schema older than 1.3 */
 static Oid	token_seqid = InvalidOid;
-static Oid	epoch_seqid = InvalidOid;	/* InvalidOid before version 1.2 */
+static Oid	epoch_seqid = InvalidOid;	/* InvalidOid in a schema older than 1.2 */
 static char result_persistence = 0; /* idem_result's; 0: not looked up */
 
 static void
@@ -101,8 +101,8 @@ idem_catalog_member(Oid extoid, Oid token_seq, const char *name)
 /*
  * Does the extension have a function called name in schema nsp?  Which of
  * its tables the installed version has is told by its functions, which a
- * DBA does not rename: idem_durability came with idem_result (1.3),
- * idem_mode_restored with idem_mode (1.4).
+ * DBA does not rename: a schema with idem_durability has idem_result, one
+ * with idem_mode_restored has idem_mode.
  */
 static bool
 member_function(Oid extoid, Oid nsp, const char *name)
@@ -234,7 +234,7 @@ idem_catalog_table(Oid fn_oid, const char *name)
 	return member_relid(extension_oid, get_rel_namespace(record_relid), name);
 }
 
-/* idem_result, or InvalidOid before version 1.3 */
+/* idem_result, or InvalidOid in a schema older than 1.3 */
 Oid
 idem_catalog_result_relid(Oid fn_oid)
 {

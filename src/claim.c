@@ -11,7 +11,7 @@
  *
  *	absent or expired			claim it: status 'new' with a fresh token, or
  *								'recover' when it takes over a claim that
- *								has a checkpoint (version 1.4)
+ *								has a checkpoint
  *	live, other fingerprint		IK422
  *	being changed by another	raise: IK409; wait: sleep on that
  *	transaction					transaction, then look again
@@ -20,7 +20,7 @@
  *								abort or the lease end, then look again
  *	completed					'replay' -- or 40001 when a REPEATABLE READ
  *								snapshot cannot see that result
- *	completed, past its ttl		IK410 (version 1.4): its response is gone,
+ *	completed, past its ttl		IK410: its response is gone,
  *	but remembered				the request must not run again
  *
  * A pending claim made with takeover => 'session' also lapses when the
@@ -230,7 +230,7 @@ record_is_live(const IdemRecord *rec, TimestampTz now)
 	return true;
 }
 
-/* Completed, past its retention, and still remembered (version 1.4) */
+/* Completed, past its retention, and still remembered */
 static bool
 record_is_remembered(const IdemRecord *rec, TimestampTz now)
 {
@@ -445,8 +445,8 @@ static Oid	result_type = InvalidOid;
 
 /*
  * idem_begin(operation, key, fingerprint, in_flight, lease, ttl
- *			  [, takeover, remember]): the last two came with version 1.4;
- * the SQL function of an earlier version has six arguments.
+ *			  [, takeover, remember]): the SQL function of a schema older than
+ * 1.4 has the first six arguments only.
  */
 Datum
 idem_begin(PG_FUNCTION_ARGS)
@@ -562,7 +562,7 @@ typedef enum ClaimAction
 	CLAIM_FINISH,				/* store the response, start the retention */
 	CLAIM_ABORT,				/* release the key: errors are not cached */
 	CLAIM_RENEW,				/* extend the lease */
-	CLAIM_CHECKPOINT			/* record progress (version 1.4) */
+	CLAIM_CHECKPOINT			/* record progress */
 } ClaimAction;
 
 /*
@@ -765,7 +765,7 @@ idem_renew(PG_FUNCTION_ARGS)
 
 /*
  * idem_checkpoint(operation, key, token, state): record progress on a
- * pending claim (version 1.4).  If the claim is taken over, the next owner
+ * pending claim.  If the claim is taken over, the next owner
  * gets status 'recover' with this state.  In durability mode 'completed'
  * the claim moves to the logged idem_result with it, so the checkpoint
  * survives a crash together with its claim.

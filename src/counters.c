@@ -63,9 +63,9 @@ StaticAssertDecl(lengthof(counter_defs) == IDEM_NUM_COUNTERS,
 				 "every IdemCounter needs its line in counter_defs");
 
 /*
- * idem_counters() of versions 1.1 to 1.3 has these columns, in this order,
- * then stats_reset; from version 1.4 it has every counter, in IdemCounter's
- * order, then stats_reset.
+ * idem_counters() as the SQL of 1.1 to 1.3 declares it has these columns,
+ * in this order, then stats_reset; as that of 1.4 on declares it, every
+ * counter, in IdemCounter's order, then stats_reset.
  */
 static const IdemCounter counters_v11[] = {
 	IDEM_COUNT_CLAIMS, IDEM_COUNT_REPLAYS, IDEM_COUNT_WAITS,

@@ -138,7 +138,7 @@ move_all(Oid fn_oid, bool to_results)
 static bool switching = false;
 
 /*
- * The durability row (version 1.4): what a dump carries of the mode.  The
+ * The durability row: what a dump carries of the mode.  The
  * mode a new installation starts in, 'completed', is no row at all, so
  * that a restore's CREATE EXTENSION and a logical replication subscriber's
  * initial copy find nothing to collide with.
@@ -152,7 +152,7 @@ record_mode(Oid fn_oid, IdemDurability mode)
 	Datum		args[1];
 
 	if (!OidIsValid(relid))
-		return;					/* before version 1.4 */
+		return;					/* a schema older than 1.4 has no idem_mode */
 	table = idem_qualified_name(relid);
 	args[0] = CStringGetTextDatum(durability_names[mode]);
 	idem_run_sql(psprintf("DELETE FROM %s", table), 0, NULL, NULL, SPI_OK_DELETE);
@@ -176,7 +176,7 @@ switch_tables(Oid fn_oid, IdemDurability mode)
 
 	if (!OidIsValid(result_relid))
 	{
-		/* before 1.3: one table */
+		/* a schema older than 1.3: one table */
 		idem_run_sql(psprintf("ALTER TABLE %s SET %s", records,
 						 mode == IDEM_DURABILITY_NONE ? "UNLOGGED" : "LOGGED"),
 				0, NULL, NULL, SPI_OK_UTILITY);

@@ -47,11 +47,11 @@
 #include "utils/relcache.h"
 #include "utils/resowner.h"
 
-/* SQLSTATEs of contract 1.0 (the standard ones come from errcodes.h) */
+/* The extension's own SQLSTATEs (the standard ones come from errcodes.h) */
 #define ERRCODE_IDEMPOTENCY_IN_PROGRESS		MAKE_SQLSTATE('I','K','4','0','9')
 #define ERRCODE_IDEMPOTENCY_KEY_REUSED		MAKE_SQLSTATE('I','K','4','2','2')
 #define ERRCODE_IDEMPOTENCY_STALE_TOKEN		MAKE_SQLSTATE('I','K','4','1','2')
-/* version 1.4: a remembered key whose response has expired */
+/* a remembered key whose response has expired */
 #define ERRCODE_IDEMPOTENCY_RESPONSE_EXPIRED	MAKE_SQLSTATE('I','K','4','1','0')
 
 /* Longest operation or key, in characters */
@@ -72,7 +72,7 @@ typedef enum IdemInFlightPolicy
 	IDEM_IN_FLIGHT_RAISE
 } IdemInFlightPolicy;
 
-/* When a committed pending claim may be taken over (version 1.4) */
+/* When a committed pending claim may be taken over */
 typedef enum IdemTakeover
 {
 	IDEM_TAKEOVER_LEASE,		/* when its lease lapses */
@@ -116,16 +116,15 @@ extern int64 idem_remember_arg(FunctionCallInfo fcinfo, int argno);
 /*
  * The store's tables: idem_record holds claims, and completed records
  * except in durability mode 'completed', where those go to idem_result
- * (from version 1.3; logged, while idem_record is unlogged).
+ * (logged, while idem_record is unlogged).
  */
 #define IDEM_RECORDS		0
 #define IDEM_RESULTS		1
 #define IDEM_NUM_TABLES		2
 
 /*
- * The columns of both tables, found by name (storage.c): a DBA may add
- * columns of their own.  The last ones came with version 1.4; a table
- * of an earlier version lacks them.
+ * The columns of both tables, found by name (shape.c): a DBA may add
+ * columns of their own.  A schema older than 1.4 lacks the last four.
  */
 typedef enum IdemColumn
 {
@@ -139,10 +138,10 @@ typedef enum IdemColumn
 	IDEM_COL_COMPLETED_AT,
 	IDEM_COL_EXPIRES_AT,
 	IDEM_COL_RESPONSE,
-	IDEM_COL_HOLDER,			/* 1.4 */
-	IDEM_COL_CHECKPOINT,		/* 1.4 */
-	IDEM_COL_TAKEOVERS,			/* 1.4 */
-	IDEM_COL_FORGET_AT,			/* 1.4 */
+	IDEM_COL_HOLDER,
+	IDEM_COL_CHECKPOINT,
+	IDEM_COL_TAKEOVERS,
+	IDEM_COL_FORGET_AT,
 	IDEM_NUM_COLUMNS
 } IdemColumn;
 
@@ -153,7 +152,7 @@ typedef struct IdemShape
 {
 	AttrNumber	attnum[IDEM_NUM_COLUMNS];
 	bool		exact;			/* every column is ours, nothing dropped */
-	bool		has_1_4;		/* the columns of version 1.4 are there */
+	bool		has_1_4;		/* the last four columns are there */
 	Oid			pkey;			/* primary key on (role_id, operation, key) */
 } IdemShape;
 
@@ -164,7 +163,7 @@ typedef struct IdemStore
 	Relation	index[IDEM_NUM_TABLES];	/* each table's primary key */
 	IdemShape	shape[IDEM_NUM_TABLES];	/* each table's columns */
 	bool		hidden[IDEM_NUM_TABLES];	/* unlogged, during recovery */
-	int			ntables;		/* 1 before version 1.3 */
+	int			ntables;		/* 1 in a schema older than 1.3 */
 	Oid			result_relid;	/* idem_result; its heap[] is NULL until used */
 	bool		split;			/* mode 'completed': results to idem_result */
 	LOCKMODE	lockmode;		/* of all of them */
@@ -184,11 +183,11 @@ typedef struct IdemRecord
 	TimestampTz completed_at;	/* 0 while pending */
 	TimestampTz expires_at;		/* pending: lease end; completed: retention end */
 	Jsonb	   *response;		/* NULL while pending, and once forgotten */
-	int64		holder;			/* 1.4: the session holding a 'session'
+	int64		holder;			/* the session holding a 'session'
 								 * claim; 0: none */
-	Jsonb	   *checkpoint;		/* 1.4: the last idem_checkpoint state */
-	int32		takeovers;		/* 1.4: times the key was taken over */
-	TimestampTz forget_at;		/* 1.4: end of 'remember'; 0: expires_at */
+	Jsonb	   *checkpoint;		/* the last idem_checkpoint state */
+	int32		takeovers;		/* times the key was taken over */
+	TimestampTz forget_at;		/* end of 'remember'; 0: expires_at */
 
 	/* filled in by idem_store_fetch */
 	int			table;			/* IDEM_RECORDS or IDEM_RESULTS */
@@ -281,8 +280,8 @@ typedef enum IdemCounter
 	IDEM_COUNT_FENCED,			/* stale tokens: IK412, or abort returning false */
 	IDEM_COUNT_ABORTS,			/* idem_abort returning true */
 	IDEM_COUNT_PURGED,			/* records deleted by idem_purge */
-	IDEM_COUNT_RECOVERIES,		/* 1.4: idem_begin returned 'recover' */
-	IDEM_COUNT_EXPIRED,			/* 1.4: IK410 (remembered key) */
+	IDEM_COUNT_RECOVERIES,		/* idem_begin returned 'recover' */
+	IDEM_COUNT_EXPIRED,			/* IK410 (remembered key) */
 	IDEM_NUM_COUNTERS
 } IdemCounter;
 

@@ -63,7 +63,7 @@ purge_table(Oid relid, int32 max_rows)
 					   1, argtypes, args, SPI_OK_DELETE);
 
 	/*
-	 * Version 1.4: a remembered key loses its response at the end of its
+	 * A remembered key loses its response at the end of its
 	 * retention and the row at the end of remembering (a pending claim's
 	 * forget_at is not an end yet: see claim.c).  A lapsed claim that has a
 	 * checkpoint is what its next owner resumes from: it stays for the

@@ -24,8 +24,9 @@ PG_FUNCTION_INFO_V1(idem_inspect);
 PG_FUNCTION_INFO_V1(idem_stats_records);
 
 /*
- * Columns of idem_stats_records() and of idem_inspect(); version 1.4 added
- * three to idem_inspect, version 1.5 one (remembered) to idem_stats_records
+ * Columns of idem_stats_records() and of idem_inspect(), as the SQL of each
+ * version declares them: idem_inspect has three more from 1.4 on,
+ * idem_stats_records one more (remembered) from 1.5 on.
  */
 #define STATS_COLS_1_1	5
 #define STATS_COLS		6
@@ -41,7 +42,7 @@ typedef enum StatsCount
 	STATS_LAPSED,
 	STATS_COMPLETED,
 	STATS_EXPIRED,
-	STATS_REMEMBERED,			/* 1.5 */
+	STATS_REMEMBERED,
 	STATS_NUM_COUNTS
 } StatsCount;
 
@@ -176,7 +177,7 @@ idem_inspect(PG_FUNCTION_ARGS)
 		values[7] = BoolGetDatum(TransactionIdIsValid(rec.busy_xid) || rec.mine);
 		values[8] = PointerGetDatum(rec.response);
 		nulls[8] = (rec.response == NULL);
-		/* 1.4: the last checkpoint, takeovers, the end of remembering */
+		/* the last checkpoint, takeovers, the end of remembering */
 		values[9] = PointerGetDatum(rec.checkpoint);
 		nulls[9] = (rec.checkpoint == NULL);
 		values[10] = Int32GetDatum(rec.takeovers);

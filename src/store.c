@@ -93,7 +93,7 @@ open_table(IdemStore *store, int table, Oid relid)
  * Open the tables and their primary keys: RowExclusiveLock to write,
  * AccessShareLock to only read (which also works on a standby).
  *
- * idem_result (from version 1.3) is opened and searched in every mode: the
+ * idem_result (where the schema has it) is opened and searched in every mode: the
  * durability mode decides only where a write puts a completed record, and
  * a record put there stays findable whatever a DBA does to the tables'
  * persistence by hand.

@@ -57,9 +57,10 @@
  * which may be lower than those recorded -- and a standby of that cluster,
  * promoted before it saw the cluster's first epoch, would compare its own
  * timeline with the recorded one and pick the band its primary picked.
- * So from version 1.4 idem_token_cluster records the system identifier
- * of the cluster that started the last epoch.  An epoch recorded by
- * another cluster (or by version 1.3) starts a new history: the band goes
+ * So idem_token_cluster records the system identifier of the cluster
+ * that started the last epoch.  An epoch recorded by another cluster (or
+ * in a schema older than 1.4, which has no idem_token_cluster) starts a
+ * new history: the band goes
  * up by the whole current timeline, whatever the recorded one was.  A
  * promoted standby shares its primary's identifier and has a greater
  * timeline: its band is above its primary's again.
