@@ -7,6 +7,8 @@
 # something expired to delete) while a fourth switches between 'none' and
 # 'completed' and back, for 15 s; no statement may fail, the server log
 # must show no deadlock, and the switches and purges must both have run.
+# (Each purging client expires only its own keys, so that its UPDATEs
+# never wait for another's.)
 
 use strict;
 use warnings;
@@ -30,8 +32,9 @@ PostgreSQL::Test::Utils::append_to_file("$dir/purge.sql", q{
 SELECT count(idem_finish('p', 'k' || g || '-' || :r, b.token, '1'))
   FROM generate_series(1, 20) g,
        LATERAL idem_begin('p', 'k' || g || '-' || :r, NULL, ttl => '1 min') b;
-UPDATE idem_record SET expires_at = now() - interval '1 s' WHERE operation = 'p' AND completed_at IS NOT NULL;
-UPDATE idem_result SET expires_at = now() - interval '1 s' WHERE operation = 'p';
+UPDATE idem_record SET expires_at = now() - interval '1 s'
+ WHERE operation = 'p' AND key LIKE '%-' || :r AND completed_at IS NOT NULL;
+UPDATE idem_result SET expires_at = now() - interval '1 s' WHERE operation = 'p' AND key LIKE '%-' || :r;
 SELECT idem_purge(1000);
 INSERT INTO runs VALUES ('purge');
 });
