@@ -63,9 +63,10 @@ $(CURDIR)/src:
 	mkdir -p $@
 
 # idempotency--1.5.sql: idempotency--1.5.sql.in with its place-holder line
-# replaced by the scripts of UPDATE_CHAIN, each under a "from" line, without
-# its psql guard (\echo ... \quit), so that a new installation is exactly an
-# updated one.
+# replaced by the statements of UPDATE_CHAIN, each script under a "from"
+# line, without its psql guard (\echo ... \quit) and without its comments,
+# which describe each step as it was taken: the frame describes the schema
+# as it is.  A new installation is then exactly an updated one.
 idempotency--1.5.sql: $(srcdir)/idempotency--1.5.sql.in $(addprefix $(srcdir)/,$(UPDATE_CHAIN))
 	awk -v chain='$(addprefix $(srcdir)/,$(UPDATE_CHAIN))' ' \
 		$$0 != "@UPDATE_CHAIN@" { print; next } \
@@ -73,11 +74,16 @@ idempotency--1.5.sql: $(srcdir)/idempotency--1.5.sql.in $(addprefix $(srcdir)/,$
 			n = split(chain, file, " "); \
 			for (i = 1; i <= n; i++) { \
 				name = file[i]; sub(/.*\//, "", name); \
-				print "/* ---------------- from " name " ---------------- */"; \
-				print ""; \
-				while ((getline line < file[i]) > 0) \
-					if (line !~ /^\\echo /) print line; \
+				print "-- ---------------- from " name " ----------------"; \
+				incomment = 0; blank = 1; \
+				while ((getline line < file[i]) > 0) { \
+					if (incomment) { if (line ~ /\*\//) incomment = 0; continue; } \
+					if (line ~ /^\/\*/) { if (line !~ /\*\//) incomment = 1; continue; } \
+					if (line ~ /^--/ || line ~ /^\\echo /) continue; \
+					if (line ~ /^[ \t]*$$/) { if (!blank) print ""; blank = 1; continue; } \
+					print line; blank = 0; \
+				} \
 				close(file[i]); \
-				print ""; \
+				if (!blank) print ""; \
 			} \
 		}' $(srcdir)/idempotency--1.5.sql.in > $@.tmp && mv $@.tmp $@
