@@ -15,29 +15,34 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
+#include <limits.h>
+
+#include "access/xact.h"
 #include "common/hashfn.h"
 #include "common/int.h"
 #include "fmgr.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
-#include "access/xact.h"
 #include "utils/guc.h"
 #include "utils/guc_tables.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "args.h"
 #include "idempotency.h"
 
-int			idem_in_flight = IDEM_IN_FLIGHT_WAIT;
-int			idem_lease_ms = 30 * 1000;
-int			idem_ttl_s = 24 * 60 * 60;
-int			idem_max_response_size = 64 * 1024;
-int			idem_takeover = IDEM_TAKEOVER_LEASE;
-int			idem_remember_s = 0;
+/* The settings: defaults of the idem_* functions' arguments */
+static int	idem_in_flight = IDEM_IN_FLIGHT_WAIT;
+static int	idem_lease_ms = 30 * 1000;
+static int	idem_ttl_s = 24 * 60 * 60;
+static int	idem_max_response_size = 64 * 1024;
+static int	idem_takeover = IDEM_TAKEOVER_LEASE;
+static int	idem_remember_s = 0;
 
 /* ---- arguments ---- */
 
@@ -190,6 +195,28 @@ idem_takeover_arg(FunctionCallInfo fcinfo, int argno)
 			 errmsg("unknown takeover policy \"%s\"", name),
 			 errhint("Use 'lease' or 'session'.")));
 	pg_unreachable();
+}
+
+/* idem_begin's lease, in microseconds (NULL: idempotency.lease) */
+int64
+idem_lease_arg(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_ARGISNULL(argno))
+		return (int64) idem_lease_ms * 1000;
+	return idem_interval_usecs(PG_GETARG_INTERVAL_P(argno), "lease");
+}
+
+/* idem_begin's ttl (NULL: idempotency.ttl) */
+Interval
+idem_ttl_arg(FunctionCallInfo fcinfo, int argno)
+{
+	Interval	ttl;
+
+	if (!PG_ARGISNULL(argno))
+		return *PG_GETARG_INTERVAL_P(argno);
+	memset(&ttl, 0, sizeof(ttl));
+	ttl.time = (int64) idem_ttl_s * USECS_PER_SEC;
+	return ttl;
 }
 
 /* idem_begin's remember, in microseconds (0: off) */
@@ -503,7 +530,6 @@ static const struct config_enum_entry takeover_options[] = {
 	{"session", IDEM_TAKEOVER_SESSION, false},
 	{NULL, 0, false}
 };
-
 
 /*
  * Define the settings of this part; called from _PG_init.  Placeholders

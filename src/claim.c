@@ -31,6 +31,7 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/htup_details.h"
@@ -47,7 +48,14 @@
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 
+#include "args.h"
+#include "counters.h"
 #include "idempotency.h"
+#include "locks.h"
+#include "read.h"
+#include "store.h"
+#include "tokens.h"
+#include "write.h"
 
 PG_FUNCTION_INFO_V1(idem_begin);
 PG_FUNCTION_INFO_V1(idem_finish);
@@ -469,18 +477,8 @@ idem_begin(PG_FUNCTION_ARGS)
 	req.fingerprint = idem_fingerprint_arg(fcinfo, 2);
 	req.policy = idem_policy_arg(fcinfo, 3);
 
-	if (PG_ARGISNULL(4))
-		req.lease = (int64) idem_lease_ms * 1000;
-	else
-		req.lease = idem_interval_usecs(PG_GETARG_INTERVAL_P(4), "lease");
-
-	if (PG_ARGISNULL(5))
-	{
-		memset(&req.ttl, 0, sizeof(req.ttl));
-		req.ttl.time = (int64) idem_ttl_s * USECS_PER_SEC;
-	}
-	else
-		req.ttl = *PG_GETARG_INTERVAL_P(5);
+	req.lease = idem_lease_arg(fcinfo, 4);
+	req.ttl = idem_ttl_arg(fcinfo, 5);
 	ttl_usecs = idem_interval_usecs(&req.ttl, "ttl");
 	req.takeover = idem_takeover_arg(fcinfo, 6);
 	req.remember = idem_remember_arg(fcinfo, 7);

@@ -13,6 +13,7 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/htup_details.h"
@@ -26,6 +27,7 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
+#include "counters.h"
 #include "idempotency.h"
 
 PG_FUNCTION_INFO_V1(idem_counters);
@@ -79,7 +81,6 @@ static const IdemCounter counters_v11[] = {
 
 /* idem_monitor_counters(): counter, value */
 #define MONITOR_COUNTERS_COLS	2
-
 
 typedef struct IdemSharedCounters
 {

@@ -28,6 +28,7 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/xact.h"
@@ -42,11 +43,15 @@
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 
-#include "durability.h"
+#include "args.h"
 #include "catalog.h"
+#include "durability.h"
 #include "idempotency.h"
+#include "locks.h"
 #include "publication.h"
 #include "sql.h"
+#include "store.h"
+#include "write.h"
 
 PG_FUNCTION_INFO_V1(idem_set_logged);
 PG_FUNCTION_INFO_V1(idem_set_durability);
@@ -227,7 +232,6 @@ while_switching(void (*fn) (Oid, IdemDurability), Oid fn_oid, IdemDurability mod
 	PG_END_TRY();
 }
 
-
 /*
  * idem_set_durability.  Run by the install and update scripts too, which
  * then check that no publication takes the tables they create.
@@ -299,7 +303,6 @@ idem_set_logged(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-
 /* ---- what restore.c's triggers ask for ---- */
 
 /*
@@ -359,7 +362,6 @@ idem_durability_switching(void)
 {
 	return switching;
 }
-
 
 /* ---- the online switch ---- */
 

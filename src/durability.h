@@ -8,7 +8,7 @@
 #ifndef IDEM_DURABILITY_H
 #define IDEM_DURABILITY_H
 
-#include "idempotency.h"
+#include "store.h"
 
 extern IdemDurability idem_durability_from_name(const char *name);
 extern void idem_durability_restore(Oid fn_oid, IdemDurability mode, bool replace);

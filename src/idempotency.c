@@ -6,16 +6,19 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "fmgr.h"
 #include "utils/guc.h"
 
+#include "args.h"
 #include "catalog.h"
+#include "counters.h"
 #include "idempotency.h"
-#include "shape.h"
 #include "publication.h"
 #include "purge.h"
+#include "shape.h"
 
 PG_MODULE_MAGIC;
 

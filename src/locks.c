@@ -56,6 +56,7 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/xact.h"
@@ -71,6 +72,8 @@
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
+#include "locks.h"
+#include "store.h"
 #include "pg_compat.h"
 
 /* Advisory lock classes owned by this extension ('I','K' + 0 / 1) */

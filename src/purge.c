@@ -14,6 +14,7 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/xact.h"
@@ -35,7 +36,9 @@
 #include "utils/timestamp.h"
 #include "utils/varlena.h"
 
+#include "args.h"
 #include "catalog.h"
+#include "counters.h"
 #include "idempotency.h"
 #include "purge.h"
 #include "sql.h"
@@ -140,7 +143,6 @@ idem_purge(PG_FUNCTION_ARGS)
 	idem_count(IDEM_COUNT_PURGED, (int64) deleted);
 	PG_RETURN_INT64((int64) deleted);
 }
-
 
 /* ---- the workers ---- */
 

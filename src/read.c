@@ -20,6 +20,7 @@
  * file, which the location is checked against.
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/genam.h"
@@ -29,10 +30,10 @@
 #include "access/xlog.h"
 #include "catalog/dependency.h"
 #include "catalog/indexing.h"
-#include "catalog/pg_class.h"
-#include "catalog/pg_depend.h"
 #include "catalog/pg_am_d.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_collation_d.h"
+#include "catalog/pg_depend.h"
 #include "catalog/pg_extension_d.h"
 #include "catalog/pg_proc_d.h"
 #include "catalog/pg_type_d.h"
@@ -55,9 +56,11 @@
 #include "utils/snapmgr.h"
 
 #include "idempotency.h"
+#include "read.h"
 #include "shape.h"
+#include "store.h"
+#include "write.h"
 #include "pg_compat.h"
-
 
 /* A column that must not be NULL: a row written by hand may have one */
 Datum
@@ -315,7 +318,6 @@ idem_store_fetch_claim(IdemStore *store, const IdemKey *key, int64 token,
 	}
 	return idem_store_fetch(store, key, rec);
 }
-
 
 /* An index scan of one role's records in one table */
 typedef struct RoleScan

@@ -6,6 +6,7 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/genam.h"
@@ -15,10 +16,10 @@
 #include "access/xlog.h"
 #include "catalog/dependency.h"
 #include "catalog/indexing.h"
-#include "catalog/pg_class.h"
-#include "catalog/pg_depend.h"
 #include "catalog/pg_am_d.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_collation_d.h"
+#include "catalog/pg_depend.h"
 #include "catalog/pg_extension_d.h"
 #include "catalog/pg_proc_d.h"
 #include "catalog/pg_type_d.h"
@@ -42,6 +43,7 @@
 
 #include "idempotency.h"
 #include "shape.h"
+#include "store.h"
 #include "pg_compat.h"
 
 /*
@@ -64,7 +66,6 @@ idem_shape_init(void)
 {
 	CacheRegisterRelcacheCallback(forget_shapes, (Datum) 0);
 }
-
 
 /*
  * The columns the code reads and writes, by name.  A DBA may add columns
@@ -188,7 +189,6 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 								   RelationGetRelationName(pkey)));
 	shape->pkey = RelationGetRelid(pkey);
 }
-
 
 /*
  * Open the primary key of table number "table" of a store, heap, and learn

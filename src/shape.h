@@ -8,7 +8,7 @@
 #ifndef IDEM_SHAPE_H
 #define IDEM_SHAPE_H
 
-#include "idempotency.h"
+#include "store.h"
 
 extern Relation idem_shape_open(Relation heap, int table, LOCKMODE lockmode,
 								IdemShape *shape);

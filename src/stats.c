@@ -9,6 +9,7 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/htup_details.h"
@@ -18,7 +19,10 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
+#include "args.h"
 #include "idempotency.h"
+#include "read.h"
+#include "store.h"
 
 PG_FUNCTION_INFO_V1(idem_inspect);
 PG_FUNCTION_INFO_V1(idem_stats_records);

@@ -6,6 +6,7 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/genam.h"
@@ -15,10 +16,10 @@
 #include "access/xlog.h"
 #include "catalog/dependency.h"
 #include "catalog/indexing.h"
-#include "catalog/pg_class.h"
-#include "catalog/pg_depend.h"
 #include "catalog/pg_am_d.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_collation_d.h"
+#include "catalog/pg_depend.h"
 #include "catalog/pg_extension_d.h"
 #include "catalog/pg_proc_d.h"
 #include "catalog/pg_type_d.h"
@@ -43,6 +44,7 @@
 #include "catalog.h"
 #include "idempotency.h"
 #include "shape.h"
+#include "store.h"
 #include "pg_compat.h"
 
 /*
@@ -72,7 +74,6 @@ open_heap(IdemStore *store, int table, Oid relid)
 	store->heap[table] = heap;
 }
 
-
 static void
 open_index(IdemStore *store, int table)
 {
@@ -87,7 +88,6 @@ open_table(IdemStore *store, int table, Oid relid)
 	if (store->heap[table] != NULL)
 		open_index(store, table);
 }
-
 
 /*
  * Open the tables and their primary keys: RowExclusiveLock to write,

@@ -81,6 +81,7 @@
  *
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/htup_details.h"
@@ -90,6 +91,7 @@
 #include "catalog/pg_sequence.h"
 #include "commands/sequence.h"
 #include "miscadmin.h"
+#include "pgstat.h"
 #include "replication/syncrep.h"
 #include "replication/walsender.h"
 #include "replication/walsender_private.h"
@@ -100,10 +102,11 @@
 #include "utils/rel.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
-#include "pgstat.h"
 
 #include "catalog.h"
 #include "idempotency.h"
+#include "store.h"
+#include "tokens.h"
 
 /* a token: epoch << COUNT_BITS | count */
 #define COUNT_BITS			25

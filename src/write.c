@@ -21,6 +21,7 @@
  * restore's settling -- is a delete and an insert made here.
  *-------------------------------------------------------------------------
  */
+
 #include "postgres.h"
 
 #include "access/genam.h"
@@ -30,14 +31,14 @@
 #include "access/xlog.h"
 #include "catalog/dependency.h"
 #include "catalog/indexing.h"
-#include "catalog/pg_class.h"
-#include "catalog/pg_depend.h"
 #include "catalog/pg_am_d.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_collation_d.h"
+#include "catalog/pg_depend.h"
 #include "catalog/pg_extension_d.h"
 #include "catalog/pg_proc_d.h"
-#include "catalog/pg_type_d.h"
 #include "catalog/pg_trigger.h"
+#include "catalog/pg_type_d.h"
 #include "commands/trigger.h"
 #include "executor/executor.h"
 #include "executor/tuptable.h"
@@ -56,7 +57,12 @@
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
+#include "args.h"
 #include "idempotency.h"
+#include "locks.h"
+#include "read.h"
+#include "store.h"
+#include "write.h"
 #include "pg_compat.h"
 
 /* The executor state of one write */
@@ -198,7 +204,6 @@ writer_default(IdemWriter *w, AttrNumber att, bool *isnull)
 	return ExecEvalExprSwitchContext(state, GetPerTupleExprContext(w->estate),
 									 isnull);
 }
-
 
 /*
  * One write through the executor (writer.c): the table as the result
