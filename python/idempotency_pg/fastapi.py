@@ -27,7 +27,8 @@ is given.  Per request, in this order:
   that parameter); its response -- a ``Response`` with a JSON body, or a
   value sent as JSON with ``status_code`` -- is stored as ``{"status",
   "headers", "body"}``, keeping only the ``replay_headers`` (``Location``,
-  ``ETag``), and sent as stored.  A 5xx response is sent and not stored
+  ``ETag``), and sent: the stored status and body, with every header the
+  endpoint set.  A 5xx response is sent and not stored
   (the claim is released, as for an exception: errors are not cached);
 - ``'replay'``: the stored status, headers and body, plus
   ``Idempotent-Replayed: true``;
@@ -50,7 +51,7 @@ import asyncio
 import inspect
 import json
 import typing
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from fastapi import Depends, Request
 from fastapi.responses import Response
@@ -160,23 +161,33 @@ def idempotent_route(operation: str, *, coordinator: Union[AsyncCoordinator, Cal
         own_request = next((p.name for p in visible if p.annotation is Request), None)
         added = [] if own_request else [inspect.Parameter(_REQUEST, kw, annotation=Request)]
 
-        def strip(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        def strip(kwargs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
             key = kwargs.pop(_KEY)
             kwargs.pop(_COORDINATOR)
-            kwargs.pop(_STARTED).append(True)
+            call = kwargs.pop(_STARTED)
+            call["started"] = True
             if takes_key:
                 kwargs[key_param] = key
-            return kwargs
+            return kwargs, call
+
+        def keep_headers(call: Dict[str, Any], result: Any) -> Dict[str, Any]:
+            # the first response has every header the endpoint set; a replay, the stored ones
+            if isinstance(result, Response):
+                call["headers"] = {k: v for k, v in result.headers.items()
+                                   if k.lower() not in ("content-length", "content-type")}
+            return to_stored(result)
 
         async def run(**kwargs: Any) -> Dict[str, Any]:
-            return to_stored(await endpoint(**strip(kwargs)))
+            arguments, call = strip(kwargs)
+            return keep_headers(call, await endpoint(**arguments))
 
         async def run_recover(state: Any, **kwargs: Any) -> Dict[str, Any]:
             assert recover is not None
-            result = recover(state, **strip(kwargs))
+            arguments, call = strip(kwargs)
+            result = recover(state, **arguments)
             if inspect.isawaitable(result):
                 result = await result
-            return to_stored(result)
+            return keep_headers(call, result)
 
         run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             visible + [inspect.Parameter(_KEY, kw), inspect.Parameter(_COORDINATOR, kw),
@@ -194,14 +205,14 @@ def idempotent_route(operation: str, *, coordinator: Union[AsyncCoordinator, Cal
             parsed = parse_idempotency_key(request.headers.getlist(header), max_key_length)
             if parsed.key is None:
                 return problem_response(key_problem(parsed), problem_type_base)
-            started: List[bool] = []
+            call: Dict[str, Any] = {}
             try:
                 outcome = await claimed.outcome(**kwargs, **{_KEY: parsed.key, _COORDINATOR: c,
-                                                             _STARTED: started})
+                                                             _STARTED: call})
             except _NotStored as not_stored:
                 return not_stored.response
             except Exception as err:
-                if started and not isinstance(err, IdempotencyError):
+                if call.get("started") and not isinstance(err, IdempotencyError):
                     raise     # the endpoint's own: FastAPI's exception handlers
                 record = None
                 if isinstance(err, InProgressError):
@@ -215,6 +226,8 @@ def idempotent_route(operation: str, *, coordinator: Union[AsyncCoordinator, Cal
                 if problem.status >= 500:
                     _core.log.error("%s for key %r of %r: %s", problem.status, parsed.key, operation, err)
                 return problem_response(problem, problem_type_base)
+            if not outcome.replayed and "headers" in call:
+                return stored_response({**outcome.value, "headers": call["headers"]}, False, media_type)
             return stored_response(outcome.value, outcome.replayed, media_type)
 
         route.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
