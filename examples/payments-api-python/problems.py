@@ -1,18 +1,18 @@
-"""Error responses: RFC 9457 problem details (application/problem+json), and
-the mapping from idempotency_pg's exceptions (one per SQLSTATE) to HTTP
-statuses (README, "Errors and HTTP").  The same types and titles as
-examples/payments-api/problems.js, plus IK410 (extension 1.4)."""
+"""Error responses: RFC 9457 problem details (application/problem+json).  The
+mapping of the Idempotency-Key's refusals to HTTP (README, "Errors and HTTP")
+is idempotency_pg.fastapi's; this module adds the API's own problems (the
+provider, 404) and the text of every type, served at /problems/<slug>.  The
+same types and titles as examples/payments-api/problems.js, plus IK410
+(extension 1.4)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, Optional
 
-import psycopg
-import psycopg_pool
 from starlette.responses import Response
 
-import idempotency_pg as idem
+from idempotency_pg.fastapi import problem_response
+from idempotency_pg.http import Problem
 
 PROBLEM_TYPES: Dict[str, Dict[str, str]] = {
     "idempotency-key-missing": {
@@ -53,44 +53,13 @@ PROBLEM_TYPES: Dict[str, Dict[str, str]] = {
         "doc": "The server cannot handle the request right now; retry it with the same Idempotency-Key."},
 }
 
-RETRY_LATER = {"Retry-After": "1"}
-
-
-def json_bytes(value: Any) -> bytes:
-    """Compact JSON, as JSON.stringify writes it."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+#: the problem types' base: the API serves each type's text at /problems/<slug>
+PROBLEM_BASE = "/problems/"
 
 
 def problem(status: int, type_: str, detail: str, *, extra: Optional[Dict[str, Any]] = None,
             headers: Optional[Dict[str, str]] = None) -> Response:
-    """An application/problem+json response."""
-    body = {"type": f"/problems/{type_}", "title": PROBLEM_TYPES[type_]["title"],
-            "status": status, "detail": detail, **(extra or {})}
-    return Response(json_bytes(body), status, headers=headers,
-                    media_type="application/problem+json; charset=utf-8")
-
-
-def problem_from_error(err: BaseException) -> Response:
-    """The README's SQLSTATE -> HTTP table for an error of a decorated call."""
-    if isinstance(err, idem.InProgressError) or getattr(err, "sqlstate", None) == "57014":
-        # IK409, or statement_timeout ended the wait for the first attempt
-        return problem(409, "request-in-progress", "A request with this Idempotency-Key is still "
-                       "being processed. Retry later with the same key.", headers=RETRY_LATER)
-    if isinstance(err, idem.KeyReuseError):
-        return problem(422, "idempotency-key-reused", "This Idempotency-Key was already used for a "
-                       "request with a different customer, amount or currency.",
-                       extra={"stored_fingerprint": err.stored_fingerprint,
-                              "request_fingerprint": err.request_fingerprint})
-    if isinstance(err, idem.ResponseExpiredError):
-        return problem(410, "idempotency-key-expired", "This Idempotency-Key was used for a request "
-                       "that completed; its response is no longer kept.")
-    if isinstance(err, idem.InvalidRequestError):
-        return problem(400, "invalid-request", f"Invalid argument: {err}.")
-    if isinstance(err, idem.LostClaimError):
-        return problem(500, "internal-error", "This attempt lost its claim on the Idempotency-Key "
-                       "before it could store its response. Retry with the same key.")
-    if isinstance(err, (psycopg.OperationalError, psycopg_pool.PoolTimeout)) or \
-            getattr(err, "sqlstate", None) in ("40001", "25006"):
-        return problem(503, "service-unavailable", "Could not claim the Idempotency-Key; retry.",
-                       headers=RETRY_LATER)
-    return problem(500, "internal-error", "The server could not complete the request.")
+    """An application/problem+json response of the API's own (the
+    integration makes those of the Idempotency-Key)."""
+    return problem_response(Problem(status, type_, detail, extra=extra or {}, headers=headers or {},
+                                    title=PROBLEM_TYPES[type_]["title"]), PROBLEM_BASE)

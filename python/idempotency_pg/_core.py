@@ -6,19 +6,26 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
+import logging
 import math
+import re
+import typing
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import (Any, Callable, Coroutine, Dict, Iterator, Optional, ParamSpec, Protocol, Sequence, Tuple,
-                    TypeVar, Union)
+from datetime import datetime, timedelta
+from typing import (Any, Callable, Coroutine, Dict, Iterator, Mapping, Optional, ParamSpec, Protocol, Sequence,
+                    Tuple, TypeVar, Union)
 
 import psycopg
 from psycopg.types.json import Jsonb
+from psycopg_pool import PoolTimeout
 
-from .errors import translate
+from . import encoding
+from .errors import (ExtensionVersionError, InProgressError, KeyReuseError, ResponseExpiredError,
+                     translate)
 from .fingerprint import fingerprint
+
+log = logging.getLogger("idempotency_pg")
 
 # Every parameter is cast: psycopg sends str as "unknown" and some values in
 # binary, and idem_fingerprint(VARIADIC "any") or an overloaded function
@@ -179,16 +186,12 @@ class Outcome:
 
 
 def to_json(result: Any) -> Jsonb:
-    """A function's result as a jsonb parameter (pydantic models dumped to
-    JSON types).  It is encoded here, before any statement is sent: a value
-    JSON cannot encode (a ``datetime``, ``NaN``) raises ``TypeError`` or
-    ``ValueError`` with nothing sent."""
-    if hasattr(result, "model_dump"):          # pydantic 2
-        result = result.model_dump(mode="json")
-    elif hasattr(result, "json") and hasattr(result, "parse_obj"):   # pydantic 1
-        result = json.loads(result.json())
-    text = json.dumps(result, allow_nan=False)
-    return Jsonb(result, dumps=lambda _: text)
+    """A function's result (or a checkpoint's state) as a jsonb parameter,
+    through the package's one encoder (:mod:`idempotency_pg.encoding`).  It
+    is encoded here, before any statement is sent: a value that cannot be
+    stored (a ``set``, ``NaN``) raises ``TypeError`` or ``ValueError`` with
+    nothing sent."""
+    return encoding.to_jsonb(result)
 
 
 def unstored_state(err: BaseException) -> Dict[str, Any]:
@@ -243,36 +246,240 @@ class AsyncIdempotentFunction(Protocol[P, R_co]):
     def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, Outcome]: ...
 
 
-def from_json(value: Any, result_type: Optional[type]) -> Any:
-    """A stored response as the caller's result: ``result_type`` (a pydantic
-    model) validated from it, or the JSON value as psycopg loads it."""
-    if result_type is None:
-        return value
-    if hasattr(result_type, "model_validate"):
-        return result_type.model_validate(value)
-    return result_type.parse_obj(value)  # type: ignore[attr-defined]
+def from_json(value: Any, result_type: Optional[Any]) -> Any:
+    """A stored response as the caller's result: restored to ``result_type``
+    (:func:`idempotency_pg.encoding.decode`), or the JSON value as psycopg
+    loads it."""
+    return encoding.decode(value, result_type)
+
+
+class ResultCodec:
+    """How a decorated function's results are restored: to ``result_type``
+    when given, else to the function's return annotation, resolved at the
+    first call (so that it may name a class defined after the function)."""
+
+    def __init__(self, func: Callable[..., Any], result_type: Optional[Any]) -> None:
+        self._func = func
+        self._type = result_type
+        self._resolved = result_type is not None
+
+    def decode(self, value: Any) -> Any:
+        if not self._resolved:
+            try:
+                hint = typing.get_type_hints(self._func).get("return")
+            except Exception as err:
+                log.warning("the return annotation of %s does not resolve (%s): its results are "
+                            "returned as stored JSON; give result_type=", self._func.__qualname__, err)
+                hint = None
+            # a coroutine function's annotation is its result's
+            self._type, self._resolved = hint, True
+        return encoding.decode(value, self._type)
+
+
+def _path_value(value: Any, attrs: Sequence[str]) -> Any:
+    for attr in attrs:
+        value = value[attr] if isinstance(value, Mapping) else getattr(value, attr)
+    return value
 
 
 class CallSpec:
-    """How a decorated function's call maps to a key and a fingerprint."""
+    """How a decorated function's call maps to a key, a fingerprint and (for
+    the free decorator) its coordinator.  ``fingerprint_params`` and a
+    coordinator named by a string are parameter names, each optionally
+    followed by attributes (or mapping keys): ``"body.amount"``,
+    ``"self.coordinator"``."""
 
-    def __init__(self, func: Callable[..., Any], fingerprint_params: Sequence[str]) -> None:
+    def __init__(self, func: Callable[..., Any], fingerprint_params: Sequence[str],
+                 key_param: str = "idempotency_key", coordinator_path: Optional[str] = None) -> None:
         self.signature = inspect.signature(func)
         params = self.signature.parameters
-        if "idempotency_key" not in params:
-            raise TypeError(f"{func.__qualname__} must take an idempotency_key= argument")
+        if not isinstance(key_param, str) or key_param not in params:
+            raise TypeError(f"{func.__qualname__} must take an {key_param}= argument (key_param)")
+        if isinstance(fingerprint_params, str):
+            raise TypeError("fingerprint_params must be a sequence of parameter names, not a str")
         for name in fingerprint_params:
-            if name not in params:
+            if name.split(".")[0] not in params:
                 raise TypeError(f"fingerprint parameter {name!r} is not a parameter of {func.__qualname__}")
-        self.fingerprint_params = tuple(fingerprint_params)
+        if coordinator_path is not None and coordinator_path.split(".")[0] not in params:
+            raise TypeError(f"coordinator={coordinator_path!r} does not name a parameter of {func.__qualname__}")
+        self.key_param = key_param
+        self.fingerprint_params = tuple(tuple(n.split(".")) for n in fingerprint_params)
+        self.coordinator_path = None if coordinator_path is None else tuple(coordinator_path.split("."))
 
-    def key_and_fingerprint(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Optional[str], bytes]:
+    def bind(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> inspect.BoundArguments:
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        key = bound.arguments["idempotency_key"]
-        if key is None:
-            return None, b""
-        return key, fingerprint(*(bound.arguments[n] for n in self.fingerprint_params))
+        return bound
+
+    def key(self, bound: inspect.BoundArguments) -> Optional[str]:
+        key: Optional[str] = bound.arguments[self.key_param]
+        return key
+
+    def fingerprint(self, bound: inspect.BoundArguments) -> bytes:
+        return fingerprint(*(_path_value(bound.arguments[p[0]], p[1:]) for p in self.fingerprint_params))
+
+    def key_and_fingerprint(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Optional[str], bytes]:
+        bound = self.bind(args, kwargs)
+        key = self.key(bound)
+        return (None, b"") if key is None else (key, self.fingerprint(bound))
+
+    def coordinator(self, binding: Any, bound: inspect.BoundArguments) -> Any:
+        """The coordinator of this call: named by a parameter path, made by
+        a callable (called with no arguments), or given."""
+        if self.coordinator_path is not None:
+            return _path_value(bound.arguments[self.coordinator_path[0]], self.coordinator_path[1:])
+        if callable(binding) and not hasattr(binding, "settings"):
+            return binding()
+        return binding
+
+
+#: what the free decorator takes as ``coordinator=``: the coordinator, the
+#: name of the parameter (and attributes) that holds it (``"self.coordinator"``),
+#: or a callable that returns it at the call
+Binding = Union[str, Callable[[], Any], Any]
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """The claim arguments a decorator gives, over its coordinator's."""
+
+    in_flight: Optional[str] = None
+    lease: Union[timedelta, str, None] = None
+    ttl: Union[timedelta, str, None] = None
+    takeover: Optional[str] = None
+    remember: Union[timedelta, str, None] = None
+    wait_timeout: Optional[timedelta] = None
+
+    @classmethod
+    def make(cls, in_flight: Optional[str], lease: Duration, ttl: Duration, takeover: Optional[str],
+             remember: Duration, wait_timeout: Duration) -> "Overrides":
+        return cls(policy("in_flight", in_flight, ("wait", "raise"), optional=True),
+                   duration("lease", lease), duration("ttl", ttl),
+                   policy("takeover", takeover, ("lease", "session"), optional=True),
+                   duration("remember", remember), wait_duration(wait_timeout))
+
+    def apply(self, settings: "Settings") -> "Settings":
+        return Settings(self.in_flight or settings.in_flight,
+                        settings.lease if self.lease is None else self.lease,
+                        settings.ttl if self.ttl is None else self.ttl,
+                        settings.takeover if self.takeover is None else self.takeover,
+                        settings.remember if self.remember is None else self.remember)
+
+
+def wait_duration(value: Duration) -> Optional[timedelta]:
+    """A ``wait_timeout``: a positive ``timedelta`` or seconds, or ``None``
+    (wait as long as the server lets the statement run)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise TypeError("wait_timeout must be a timedelta or a number of seconds, not a str")
+    span = duration("wait_timeout", value)
+    assert isinstance(span, timedelta)
+    if span <= timedelta(0):
+        raise ValueError(f"wait_timeout must be positive, not {value!r}")
+    return span
+
+
+# A claim with a wait_timeout: one simple-protocol string, run as one
+# implicit transaction, so that the setting (local to it) ends with it,
+# committed or not; PostgreSQL arms statement_timeout for each statement of
+# the string as it starts (README, "API reference": a cancelled wait changes
+# nothing).
+WAIT_PREFIX = "SELECT set_config('statement_timeout', %(wait_timeout)s, true); "
+
+
+def wait_ms(span: timedelta) -> str:
+    return f"{max(1, math.ceil(span / timedelta(milliseconds=1)))}ms"
+
+
+def statement_timeout(err: BaseException) -> bool:
+    """Was ``err`` a statement cancelled by ``statement_timeout``?"""
+    return (isinstance(err, psycopg.errors.QueryCanceled)
+            and "statement timeout" in (err.diag.message_primary or str(err)))
+
+
+# ------------------------------------------------------------------ outcomes
+
+#: ``on_outcome(operation, outcome)``: called once per claim with one of
+#: :data:`OUTCOMES`
+OutcomeHook = Callable[[str, str], None]
+
+#: what a claim can come to: idem_begin's statuses, its refusals, and a call
+#: run unguarded because the store could not be reached (``on_store_error="run"``)
+OUTCOMES = ("new", "replay", "recover", "in_progress", "key_reuse", "expired", "store_error")
+
+
+def outcome_of_error(err: BaseException) -> Optional[str]:
+    if isinstance(err, InProgressError):
+        return "in_progress"
+    if isinstance(err, KeyReuseError):
+        return "key_reuse"
+    if isinstance(err, ResponseExpiredError):
+        return "expired"
+    return None
+
+
+def report(hook: Optional[OutcomeHook], operation: str, key: str, outcome: str) -> None:
+    """Log a claim's outcome (debug, logger ``idempotency_pg``) and count it
+    through the hook; a failing hook is logged, never raised."""
+    log.debug("idempotency key %r of %r: %s", key, operation, outcome)
+    if hook is not None:
+        try:
+            hook(operation, outcome)
+        except Exception:
+            log.exception("the on_outcome hook failed for %r, %r", operation, outcome)
+
+
+def store_unreachable(err: BaseException) -> bool:
+    """Could the store not be reached (no connection, none in time, the
+    server shutting down)?  Not a refusal of the contract, a SQL error or a
+    statement's timeout."""
+    if isinstance(err, PoolTimeout):
+        return True
+    if not isinstance(err, psycopg.OperationalError):
+        return False
+    state = err.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
+# ------------------------------------------------------------------ versions
+
+#: the extension version whose API this package needs (README, "Upgrading")
+REQUIRED_VERSION = (1, 4)
+VERSION_SQL = ("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'idempotency')")
+
+
+def check_version(installed: Optional[str], required: Tuple[int, int] = REQUIRED_VERSION) -> None:
+    """Raise :class:`ExtensionVersionError` unless ``installed`` (extversion)
+    is at least ``required``."""
+    if installed is not None:
+        parts = re.findall(r"\d+", installed)[:2]
+        if len(parts) == 2 and (int(parts[0]), int(parts[1])) >= required:
+            return
+    raise ExtensionVersionError(installed, required)
+
+
+# ------------------------------------------------------------------ records
+
+RECORD_SQL = ("SELECT state, token, created_at, lease_until, completed_at, expires_at, remembered_until,"
+              " lease_until - clock_timestamp()"
+              "  FROM idem_inspect(%(operation)s::text, %(key)s::text)")
+
+
+@dataclass(frozen=True)
+class Record:
+    """``idem_inspect``'s row for a key (README, "Operations"), and
+    ``lease_remaining``: the time left of a pending claim's lease, by the
+    server's clock (negative once it lapsed)."""
+
+    state: str
+    token: int
+    created_at: datetime
+    lease_until: Optional[datetime]
+    completed_at: Optional[datetime]
+    expires_at: Optional[datetime]
+    remembered_until: Optional[datetime]
+    lease_remaining: Optional[timedelta]
 
 
 def serialization_retry(err: psycopg.Error, attempt: int) -> bool:

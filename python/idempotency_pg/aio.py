@@ -6,33 +6,43 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from datetime import timedelta
 from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from . import _core
-from ._core import (ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, P, AsyncIdempotentFunction, ClaimState,
-                    Outcome, db_errors)
-from .errors import LostClaimError, RecoveryNeededError, ResponseNotStoredError
+from ._core import (ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
+                    AsyncIdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)
+from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
+                     WaitTimeoutError)
 
 log = logging.getLogger("idempotency_pg")
 R = TypeVar("R")
 Row = Tuple[Any, ...]
 
 
-async def _execute(conn: AsyncConnection[Any], sql: str, params: Any, prepare: Optional[bool]) -> Row:
+async def _execute(conn: AsyncConnection[Any], sql: str, params: Any, prepare: Optional[bool],
+                   wait: Optional[str] = None) -> Row:
     """One statement on ``conn``, its first row.  A cancelled call (task
     cancellation) cancels the statement in the server and closes the
     connection, so that a waiting idem_begin does not go on waiting (README:
     a cancelled wait changes nothing); the pool replaces the connection.
     (A connection of the coordinator's serves one attempt at a time, so
-    closing it ends no other attempt's claim.)"""
+    closing it ends no other attempt's claim.)  With ``wait`` (a
+    statement_timeout), the statement runs under it, in one string with the
+    setting (``_core.WAIT_PREFIX``)."""
     with db_errors():
         try:
-            cur = await conn.execute(sql, params, prepare=prepare)
+            if wait is None:
+                cur = await conn.execute(sql, params, prepare=prepare)
+            else:
+                cur = AsyncClientCursor(conn)
+                await cur.execute(_core.WAIT_PREFIX + sql, {**params, "wait_timeout": wait})
+                cur.nextset()
         except asyncio.CancelledError:
             try:
                 await asyncio.to_thread(conn.cancel)
@@ -158,9 +168,15 @@ class AsyncClaim(ClaimState):
     async def __aenter__(self) -> "AsyncClaim":
         assert self._conn is not None
         c = self._coordinator
-        self._set(await _execute(self._conn, c._begin_sql,
-                                 c.settings.begin_params(self.operation, self.key, self._fingerprint),
-                                 c.prepare))
+        await c._check_version(self._conn)
+        try:
+            self._set(await _execute(self._conn, c._begin_sql,
+                                     c.settings.begin_params(self.operation, self.key, self._fingerprint),
+                                     c.prepare))
+        except IdempotencyError as err:
+            c._refused(self.operation, self.key, err)
+            raise
+        c._report(self.operation, self.key, str(self.status))
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -248,17 +264,31 @@ class AsyncCoordinator:
     ``in_flight`` and ``takeover`` are taken in any case.  ``prepare``
     is psycopg's ``execute(prepare=)``: ``None`` prepares a statement after
     it has run a few times on a connection.
+
+    ``wait_timeout`` (a ``timedelta`` or seconds) bounds how long a claim
+    waits for another attempt holding the key: then it raises
+    :class:`WaitTimeoutError` (an :class:`InProgressError`).
+    ``on_outcome(operation, outcome)`` is called once per claim with its
+    outcome (``_core.OUTCOMES``: ``"new"``, ``"replay"``, ``"recover"``,
+    ``"in_progress"``, ``"key_reuse"``, ``"expired"``, ``"store_error"``),
+    e.g. to count them; each is also logged at debug level (logger
+    ``idempotency_pg``).  The first call checks that the database's
+    extension is recent enough (:class:`ExtensionVersionError`).
     """
 
     def __init__(self, pool: AsyncConnectionPool, *, in_flight: str = "wait",
                  lease: _core.Duration = None, ttl: _core.Duration = None,
                  takeover: Optional[str] = None, remember: _core.Duration = None,
+                 wait_timeout: _core.Duration = None, on_outcome: Optional[_core.OutcomeHook] = None,
                  claim_pool: Optional[AsyncConnectionPool] = None,
                  claim_pool_size: Optional[int] = None, prepare: Optional[bool] = None) -> None:
         if claim_pool is pool:
             raise ValueError("claim_pool must be another pool than pool (README, \"From an application\")")
         self.pool = pool
         self.settings = _core.Settings.make(in_flight, lease, ttl, takeover, remember)
+        self.wait_timeout = _core.wait_duration(wait_timeout)
+        self.on_outcome = on_outcome
+        self._version_checked = False
         self.prepare = prepare
         self._claim_pool = claim_pool
         self._own_claim_pool: Optional[AsyncConnectionPool] = None
@@ -293,7 +323,43 @@ class AsyncCoordinator:
                 self._own_claim_pool = own
             return self._own_claim_pool
 
-    async def begin(self, operation: str, key: str, fingerprint: Optional[bytes]) -> AsyncClaim:
+    def _report(self, operation: str, key: str, outcome: str) -> None:
+        _core.report(self.on_outcome, operation, key, outcome)
+
+    def _refused(self, operation: str, key: str, err: IdempotencyError) -> None:
+        """An error of idem_begin: tagged with the claim, and reported."""
+        err.operation, err.key = operation, key
+        outcome = _core.outcome_of_error(err)
+        if outcome is not None:
+            self._report(operation, key, outcome)
+
+    async def _check_version(self, conn: Optional[AsyncConnection[Any]] = None) -> None:
+        """At the first call: the database's extension has the API this
+        package needs (:class:`ExtensionVersionError`).  Checked again at
+        the next call while it fails, so an ``ALTER EXTENSION ... UPDATE``
+        needs no restart."""
+        if self._version_checked:
+            return
+        if conn is None:
+            row = await _autocommit(self.pool, VERSION_SQL, None, False)
+        else:
+            row = await _execute(conn, VERSION_SQL, None, False)
+        _core.check_version(row[0])
+        self._version_checked = True
+
+    async def inspect(self, operation: str, key: str) -> Optional[Record]:
+        """``idem_inspect``: the calling role's record of the key (``None``:
+        none), with the time left of a pending claim's lease."""
+        async with self.pool.connection() as conn:
+            with db_errors():
+                cur = await conn.execute(RECORD_SQL, {"operation": operation, "key": key}, prepare=False)
+                row = await cur.fetchone()
+            if not conn.autocommit:
+                await conn.rollback()
+        return None if row is None else Record(*row)
+
+    async def begin(self, operation: str, key: str, fingerprint: Optional[bytes], *,
+                    wait_timeout: _core.Duration = None) -> AsyncClaim:
         """``idem_begin`` in autocommit, the external-call shape: the claim is
         committed when this returns.  A ``'new'`` or ``'recover'`` claim keeps
         its connection checked out of the claim pool: end it with ``finish``
@@ -302,17 +368,37 @@ class AsyncCoordinator:
 
         Raises :class:`InProgressError` (IK409), :class:`KeyReuseError`
         (IK422), :class:`ResponseExpiredError` (IK410),
-        :class:`InvalidRequestError`; a wait cut short by
-        ``statement_timeout`` raises psycopg's ``QueryCanceled``."""
+        :class:`InvalidRequestError`; a wait longer than ``wait_timeout``
+        (this argument, else the coordinator's) raises
+        :class:`WaitTimeoutError`; one cut short by a ``statement_timeout``
+        of the connection's raises psycopg's ``QueryCanceled``."""
+        wait = _core.wait_duration(wait_timeout) or self.wait_timeout
+        return await self._begin(operation, key, fingerprint, self.settings, wait)
+
+    async def _begin(self, operation: str, key: str, fingerprint: Optional[bytes], settings: Settings,
+                     wait_timeout: Optional[timedelta]) -> AsyncClaim:
+        await self._check_version()
+        try:
+            claim = await self._claim(operation, key, fingerprint, settings, wait_timeout)
+        except IdempotencyError as err:
+            self._refused(operation, key, err)
+            raise
+        self._report(operation, key, str(claim.status))
+        return claim
+
+    async def _claim(self, operation: str, key: str, fingerprint: Optional[bytes], settings: Settings,
+                     wait_timeout: Optional[timedelta]) -> AsyncClaim:
         claim = AsyncClaim(self, operation, key, fingerprint)
         pool = await self._claims()
-        params = self.settings.begin_params(operation, key, fingerprint)
+        params = settings.begin_params(operation, key, fingerprint)
+        sql = self._begin_sql if settings == self.settings else settings.begin_sql()
+        wait = None if wait_timeout is None else _core.wait_ms(wait_timeout)
         conn, switched = await _checkout(pool)
         lost = 0
         attempt = 1
         while True:
             try:
-                claim._set(await _execute(conn, self._begin_sql, params, self.prepare))
+                claim._set(await _execute(conn, sql, params, self.prepare, wait))
                 break
             except psycopg.Error as err:
                 if _core.lost_connection(conn, err) and lost < pool.max_size:
@@ -327,6 +413,9 @@ class AsyncCoordinator:
                     continue
                 if not _core.serialization_retry(err, attempt):
                     await _checkin(pool, conn, switched, close=False)
+                    if wait_timeout is not None and _core.statement_timeout(err):
+                        raise WaitTimeoutError(operation, key, wait_timeout,
+                                               detail=_core.error_detail(err)) from err
                     raise
                 attempt += 1
             except BaseException:
@@ -351,71 +440,127 @@ class AsyncCoordinator:
         return AsyncClaim(self, operation, key, fingerprint, conn)
 
     def idempotent(self, operation: str, *, fingerprint_params: Sequence[str] = (),
-                   result_type: Optional[type] = None, recover: Optional[Callable[..., Any]] = None
+                   key_param: str = "idempotency_key", result_type: Optional[Any] = None,
+                   recover: Optional[Callable[..., Any]] = None, in_flight: Optional[str] = None,
+                   lease: _core.Duration = None, ttl: _core.Duration = None, takeover: Optional[str] = None,
+                   remember: _core.Duration = None, wait_timeout: _core.Duration = None,
+                   on_store_error: str = "raise"
                    ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:
-        """Decorate an ``async def`` that takes ``idempotency_key=``.
+        """:func:`idempotent` bound to this coordinator (``coordinator=self``)."""
+        return idempotent(operation, coordinator=self, fingerprint_params=fingerprint_params,
+                          key_param=key_param, result_type=result_type, recover=recover,
+                          in_flight=in_flight, lease=lease, ttl=ttl, takeover=takeover, remember=remember,
+                          wait_timeout=wait_timeout, on_store_error=on_store_error)
 
-        With a key, the function runs once per key (the external-call shape:
-        claim, call, finish) and every call returns an equal result: what the
-        first call's result was stored as (JSON, or ``result_type`` -- a
-        pydantic model -- validated from it).  ``fingerprint_params`` names
-        the arguments that make the request *this* request (values of the
-        types :func:`~idempotency_pg.fingerprint` takes).  With key ``None``
-        the function just runs.  An exception in the function aborts the
-        claim and is re-raised: errors are not cached.  Inside the function,
-        :func:`current_claim` is its claim (for ``checkpoint``).
 
-        ``recover`` (extension 1.4): called as ``recover(state, *args,
-        **kwargs)`` (it may be async) when the call took over a claim that
-        had a checkpoint; its result is stored as the function's would be.
-        Without it such a call raises :class:`RecoveryNeededError`.  Either
-        way the claim is not aborted on failure: its checkpoint is kept for
-        the next attempt.
+def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params: Sequence[str] = (),
+               key_param: str = "idempotency_key", result_type: Optional[Any] = None,
+               recover: Optional[Callable[..., Any]] = None, in_flight: Optional[str] = None,
+               lease: _core.Duration = None, ttl: _core.Duration = None, takeover: Optional[str] = None,
+               remember: _core.Duration = None, wait_timeout: _core.Duration = None,
+               on_store_error: str = "raise"
+               ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:
+    """Decorate an ``async def`` that takes the key as ``key_param``
+    (default ``idempotency_key=``).
 
-        A result that cannot be stored (not JSON, too large, the connection
-        lost twice) raises :class:`ResponseNotStoredError` and is logged as
-        an error; the claim is left pending with a checkpoint, so the next
-        attempt gets ``'recover'``, never a silent second run.
+    ``coordinator`` is an :class:`AsyncCoordinator`, or -- so that the
+    function can be decorated where it is defined, before any pool exists --
+    the name of the parameter that holds one at the call, with attributes
+    (``"self.coordinator"``, ``"coordinator"``), or a callable returning it
+    at the call (``lambda: app.state.coordinator``).
 
-        The wrapper raises what :meth:`begin` and :meth:`AsyncClaim.finish`
-        raise.  ``wrapper.outcome(...)`` returns an :class:`Outcome` instead
-        (the value and whether it was a replay)."""
+    With a key, the function runs once per key (the external-call shape:
+    claim, call, finish) and every call returns an equal result: the first
+    call's result as stored, restored to the function's return annotation
+    (or ``result_type``) by :mod:`idempotency_pg.encoding` -- pydantic
+    models, dataclasses, ``datetime``, ``UUID``, ``Decimal``.
+    ``fingerprint_params`` names the arguments (or their attributes:
+    ``"body.amount"``) that make the request *this* request (values of the
+    types :func:`~idempotency_pg.fingerprint` takes).  With key ``None`` the
+    function just runs.  An exception in the function aborts the claim and
+    is re-raised: errors are not cached.  Inside the function,
+    :func:`current_claim` is its claim (for ``checkpoint``).
 
-        def decorate(func: Callable[P, Awaitable[R]]) -> AsyncIdempotentFunction[P, R]:
-            if not asyncio.iscoroutinefunction(func):
-                raise TypeError(f"{func.__qualname__} is not an async function: use Coordinator")
-            spec = _core.CallSpec(func, fingerprint_params)
+    ``in_flight``, ``lease``, ``ttl``, ``takeover``, ``remember`` and
+    ``wait_timeout`` override the coordinator's for this function
+    (durations as ``timedelta`` or seconds).
 
-            async def outcome(*args: Any, **kwargs: Any) -> Outcome:
-                key, fp = spec.key_and_fingerprint(args, kwargs)
-                if key is None:
-                    return Outcome(await func(*args, **kwargs), False)
-                claim = await self.begin(operation, key, fp)
-                if claim.status == "replay":
-                    return Outcome(_core.from_json(claim.response, result_type), True)
+    ``recover`` (extension 1.4): called as ``recover(state, *args,
+    **kwargs)`` (it may be async) when the call took over a claim that
+    had a checkpoint; its result is stored as the function's would be.
+    Without it such a call raises :class:`RecoveryNeededError`.  Either
+    way the claim is not aborted on failure: its checkpoint is kept for
+    the next attempt.
+
+    ``on_store_error``: what a call does when the store cannot be reached
+    to claim the key (no connection, none in time): ``"raise"`` (the
+    default: the call fails, nothing runs unguarded) or ``"run"``: the
+    function runs without a claim, which is logged as a warning and
+    reported as the outcome ``"store_error"``.
+
+    A result that cannot be stored (not JSON, too large, the connection
+    lost twice) raises :class:`ResponseNotStoredError` and is logged as
+    an error; the claim is left pending with a checkpoint, so the next
+    attempt gets ``'recover'``, never a silent second run.
+
+    The wrapper raises what :meth:`AsyncCoordinator.begin` and
+    :meth:`AsyncClaim.finish` raise.  ``wrapper.outcome(...)`` returns an
+    :class:`Outcome` instead (the value and whether it was a replay)."""
+    overrides = _core.Overrides.make(in_flight, lease, ttl, takeover, remember, wait_timeout)
+    fail_open = _core.policy("on_store_error", on_store_error, ("raise", "run")) == "run"
+    path = coordinator if isinstance(coordinator, str) else None
+
+    def decorate(func: Callable[P, Awaitable[R]]) -> AsyncIdempotentFunction[P, R]:
+        if not asyncio.iscoroutinefunction(func):
+            raise TypeError(f"{func.__qualname__} is not an async function: use Coordinator (idempotency_pg.sync)")
+        spec = _core.CallSpec(func, fingerprint_params, key_param, path)
+        results = _core.ResultCodec(func, result_type)
+
+        async def outcome(*args: Any, **kwargs: Any) -> Outcome:
+            bound = spec.bind(args, kwargs)
+            key = spec.key(bound)
+            if key is None:
+                return Outcome(await func(*args, **kwargs), False)
+            fp = spec.fingerprint(bound)
+            c = spec.coordinator(coordinator, bound)
+            if not isinstance(c, AsyncCoordinator):
+                raise TypeError(f"the coordinator of {func.__qualname__} is a {type(c).__name__}, "
+                                "not an AsyncCoordinator")
+            try:
+                claim = await c._begin(operation, key, fp, overrides.apply(c.settings),
+                                       overrides.wait_timeout or c.wait_timeout)
+            except Exception as err:
+                if not (fail_open and _core.store_unreachable(err)):
+                    raise
+                log.warning("the store is unreachable (%s: %s): running %r for key %r without a claim "
+                            "(on_store_error=\"run\")", type(err).__name__, err, operation, key)
+                c._report(operation, key, "store_error")
+                return Outcome(await func(*args, **kwargs), False)
+            if claim.status == "replay":
+                return Outcome(results.decode(claim.response), True)
+            try:
+                reset = _core._current.set(claim)
                 try:
-                    reset = _core._current.set(claim)
-                    try:
-                        if claim.status == "recover":
-                            result = await _recover(claim, recover, args, kwargs)
-                        else:
-                            result = await _run_or_abort(claim, func, args, kwargs)
-                    finally:
-                        _core._current.reset(reset)
-                    stored = await _store(claim, result)
+                    if claim.status == "recover":
+                        result = await _recover(claim, recover, args, kwargs)
+                    else:
+                        result = await _run_or_abort(claim, func, args, kwargs)
                 finally:
-                    # a claim left pending: its connection is closed
-                    await claim.abandon()
-                return Outcome(_core.from_json(stored, result_type), False)
+                    _core._current.reset(reset)
+                stored = await _store(claim, result)
+            finally:
+                # a claim left pending: its connection is closed
+                await claim.abandon()
+            return Outcome(results.decode(stored), False)
 
-            @functools.wraps(func)
-            async def wrapper(*args: Any, **kwargs: Any) -> Any:
-                return (await outcome(*args, **kwargs)).value
+        @functools.wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return (await outcome(*args, **kwargs)).value
 
-            wrapper.outcome = outcome  # type: ignore[attr-defined]
-            return wrapper  # type: ignore[return-value]
+        wrapper.outcome = outcome  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
 
-        return decorate
+    return decorate
 
 
 async def _run_or_abort(claim: AsyncClaim, func: Callable[..., Awaitable[Any]],

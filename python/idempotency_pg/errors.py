@@ -2,14 +2,17 @@
 
 Every class derives from :class:`IdempotencyError` and carries the server's
 ``sqlstate``, ``detail`` and ``hint``; the psycopg error it was made from is
-its ``__cause__``.  SQLSTATEs not listed here (``40001``, ``57014``,
-``25006``, connection errors, ...) are raised as psycopg raises them.
+its ``__cause__``; an error of a claim also carries its ``operation`` and
+``key``.  SQLSTATEs not listed here (``40001``, ``25006``, connection
+errors, a ``57014`` other than a ``wait_timeout``, ...) are raised as psycopg
+raises them.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Optional, Type
+from datetime import timedelta
+from typing import Any, Dict, Optional, Tuple, Type
 
 import psycopg
 
@@ -22,6 +25,9 @@ class IdempotencyError(Exception):
     """
 
     sqlstate: Optional[str] = None
+    #: the operation and the key of the claim, when the error came from one
+    operation: Optional[str] = None
+    key: Optional[str] = None
 
     def __init__(self, message: str, *, sqlstate: Optional[str] = None,
                  detail: Optional[str] = None, hint: Optional[str] = None) -> None:
@@ -37,6 +43,44 @@ class InProgressError(IdempotencyError):
     transaction already holds it).  HTTP: 409 Conflict, with ``Retry-After``."""
 
     sqlstate = "IK409"
+
+
+class WaitTimeoutError(InProgressError):
+    """A duplicate waited ``wait_timeout`` for the attempt that holds the key
+    and gave up: the server cancelled the waiting ``idem_begin``
+    (``statement_timeout``, SQLSTATE 57014), which changes nothing.
+    ``operation``, ``key`` and ``wait_timeout`` (a ``timedelta``) say which.
+    An :class:`InProgressError`: HTTP 409 with ``Retry-After``."""
+
+    sqlstate = "57014"
+
+    def __init__(self, operation: str, key: str, wait_timeout: timedelta, *,
+                 detail: Optional[str] = None) -> None:
+        super().__init__(f"idempotency key {key!r} of {operation!r} is still held by another attempt "
+                         f"after waiting {wait_timeout.total_seconds():g} s (wait_timeout)",
+                         sqlstate="57014", detail=detail)
+        self.operation = operation
+        self.key = key
+        self.wait_timeout = wait_timeout
+
+
+class ExtensionVersionError(IdempotencyError):
+    """The database's ``idempotency`` extension is older than this package
+    needs (``required``, e.g. ``(1, 4)``), or is not installed in it
+    (``installed`` is ``None``).  Raised at the first call of a coordinator,
+    before any claim.  HTTP: 500."""
+
+    def __init__(self, installed: Optional[str], required: Tuple[int, int]) -> None:
+        need = ".".join(map(str, required))
+        if installed is None:
+            message = (f"the idempotency extension is not installed in this database; idempotency_pg "
+                       f"needs version {need} or later: CREATE EXTENSION idempotency")
+        else:
+            message = (f"the database's idempotency extension is version {installed}; idempotency_pg "
+                       f"needs {need} or later: ALTER EXTENSION idempotency UPDATE")
+        super().__init__(message)
+        self.installed = installed
+        self.required = required
 
 
 class KeyReuseError(IdempotencyError):
