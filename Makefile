@@ -28,7 +28,7 @@ PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter \
 # creates the extension and the roles, 99_cleanup drops the roles)
 REGRESS = 00_setup 10_claim 20_arguments 30_settings 40_fingerprint \
 	50_lease 60_admin 70_roles 80_batch 85_durability 87_monitoring 90_upgrade \
-	95_recovery 96_writes 97_names 99_cleanup
+	95_recovery 96_writes 97_names 98_forget 99_cleanup
 
 # isolation tester: test/isolation/specs/*.spec against
 # test/isolation/expected/*.out, in this order (00-helpers creates the

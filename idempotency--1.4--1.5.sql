@@ -86,6 +86,55 @@ CREATE EVENT TRIGGER idempotency_publication_guard ON ddl_command_end
 	EXECUTE FUNCTION @extschema@.idem_publication_guard();
 
 /*
+ * idem_forget: a key's record deleted on purpose, by an administrator (a
+ * support team that stored a wrong response).  The next idem_begin of the
+ * key gets 'new'.  A pending claim a live attempt holds is refused unless
+ * force.  Not granted to PUBLIC; it runs with the owner's rights, for the
+ * role it is given (the caller by default).
+ */
+CREATE FUNCTION @extschema@.idem_forget(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	role		pg_catalog.name DEFAULT CURRENT_USER,
+	force		pg_catalog.bool DEFAULT false)
+RETURNS pg_catalog.text
+AS 'MODULE_PATHNAME', 'idem_forget'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+REVOKE ALL ON FUNCTION
+	@extschema@.idem_forget(pg_catalog.text, pg_catalog.text, pg_catalog.name, pg_catalog.bool)
+FROM PUBLIC;
+
+/* one counter more: records forgotten */
+DROP VIEW @extschema@.idem_stats_counters;
+DROP FUNCTION @extschema@.idem_counters();
+CREATE FUNCTION @extschema@.idem_counters(
+	OUT claims				pg_catalog.int8,
+	OUT replays				pg_catalog.int8,
+	OUT waits				pg_catalog.int8,
+	OUT wait_time_ms		pg_catalog.float8,
+	OUT in_progress_refusals pg_catalog.int8,
+	OUT key_reuse_refusals	pg_catalog.int8,
+	OUT takeovers			pg_catalog.int8,
+	OUT fencing_refusals	pg_catalog.int8,
+	OUT aborts				pg_catalog.int8,
+	OUT purged				pg_catalog.int8,
+	OUT recoveries			pg_catalog.int8,
+	OUT expired_refusals	pg_catalog.int8,
+	OUT forgotten			pg_catalog.int8,
+	OUT stats_reset			pg_catalog.timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_counters'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
+CREATE VIEW @extschema@.idem_stats_counters AS
+	SELECT * FROM @extschema@.idem_counters();
+
+GRANT EXECUTE ON FUNCTION @extschema@.idem_counters() TO PUBLIC;
+GRANT SELECT ON @extschema@.idem_stats_counters TO PUBLIC;
+
+/*
  * Records that an online switch cut short left in the table the mode does
  * not keep them in are moved where it does, so that the mode promised
  * holds from here on.

@@ -43,6 +43,7 @@
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "storage/proc.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
@@ -62,6 +63,7 @@ PG_FUNCTION_INFO_V1(idem_finish);
 PG_FUNCTION_INFO_V1(idem_abort);
 PG_FUNCTION_INFO_V1(idem_renew);
 PG_FUNCTION_INFO_V1(idem_checkpoint);
+PG_FUNCTION_INFO_V1(idem_forget);
 
 typedef enum ClaimStatus
 {
@@ -787,3 +789,85 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 		raise_stale_token(fcinfo, &key, token);
 	PG_RETURN_VOID();
 }
+
+/* ---- idem_forget ---- */
+
+/* The state idem_inspect would give a record */
+static const char *
+record_state(const IdemRecord *rec, TimestampTz now)
+{
+	if (IdemRecordIsPending(rec))
+		return record_is_live(rec, now) ? "pending" : "lapsed";
+	if (rec->expires_at > now)
+		return "completed";
+	return record_is_remembered(rec, now) ? "remembered" : "expired";
+}
+
+/*
+ * idem_forget(operation, key, role, force): delete one role's record of a
+ * key on purpose -- a support team's way out of a stored response that is
+ * wrong.  The next idem_begin of the key gets 'new', with a token greater
+ * than the forgotten one, and a duplicate waiting on the key wakes to it.
+ * A pending claim that a live attempt holds is refused (IK409) unless
+ * force: its finish then fails with IK412, as after a takeover.  A record
+ * another transaction is writing cannot be forgotten until it commits.
+ * Returns the state the record was in, or NULL when there was none.
+ */
+Datum
+idem_forget(PG_FUNCTION_ARGS)
+{
+	IdemKey		key;
+	IdemStore	store;
+	IdemRecord	rec;
+	const char *state = NULL;
+	bool		force;
+
+	idem_require_arg(fcinfo, 2, "role");
+	idem_require_arg(fcinfo, 3, "force");
+	idem_key_from_args(fcinfo, &key);
+	key.role = get_role_oid(NameStr(*PG_GETARG_NAME(2)), false);
+	idem_key_hash(&key);
+	force = PG_GETARG_BOOL(3);
+
+	PreventCommandIfReadOnly("idem_forget()");
+	idem_lock_key(&key);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
+	for (;;)
+	{
+		TimestampTz now = GetCurrentTimestamp();
+
+		if (!idem_store_fetch(&store, &key, &rec))
+			break;
+		if (TransactionIdIsValid(rec.busy_xid) && !rec.mine)
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEMPOTENCY_IN_PROGRESS),
+					 errmsg("idempotency key \"%s\" is being written by another transaction",
+							text_to_cstring(key.key)),
+					 errhint("Forget it once that transaction has ended.")));
+		state = record_state(&rec, now);
+		if (strcmp(state, "pending") == 0 && !force)
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEMPOTENCY_IN_PROGRESS),
+					 errmsg("idempotency key \"%s\" is held by a live attempt",
+							text_to_cstring(key.key)),
+					 errdetail("Its claim (token " INT64_FORMAT ") is pending until %s.",
+							   rec.token, timestamptz_to_str(rec.expires_at)),
+					 errhint("Pass force => true to forget it anyway: the attempt's finish then fails with IK412.")));
+		if (idem_store_delete(&store, &key, &rec) == TM_Ok)
+			break;
+		/* changed under us (a purge): look again */
+		state = NULL;
+	}
+	if (state != NULL)
+	{
+		idem_wake_waiters(&key);
+		idem_count(IDEM_COUNT_FORGOTTEN, 1);
+	}
+	idem_store_close(&store, false);
+	idem_unlock_key(&key);
+
+	if (state == NULL)
+		PG_RETURN_NULL();
+	PG_RETURN_TEXT_P(cstring_to_text(state));
+}
+

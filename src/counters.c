@@ -59,6 +59,7 @@ static const CounterDef counter_defs[] = {
 	[IDEM_COUNT_PURGED] = {"purged", 1},
 	[IDEM_COUNT_RECOVERIES] = {"recoveries", 1},
 	[IDEM_COUNT_EXPIRED] = {"expired_refusals", 1},
+	[IDEM_COUNT_FORGOTTEN] = {"forgotten", 1},
 };
 
 StaticAssertDecl(lengthof(counter_defs) == IDEM_NUM_COUNTERS,
@@ -66,8 +67,9 @@ StaticAssertDecl(lengthof(counter_defs) == IDEM_NUM_COUNTERS,
 
 /*
  * idem_counters() as the SQL of 1.1 to 1.3 declares it has these columns,
- * in this order, then stats_reset; as that of 1.4 on declares it, every
- * counter, in IdemCounter's order, then stats_reset.
+ * in this order, then stats_reset; as that of 1.4 on declares it, the
+ * counters in IdemCounter's order (1.4's stop before forgotten), then
+ * stats_reset.
  */
 static const IdemCounter counters_v11[] = {
 	IDEM_COUNT_CLAIMS, IDEM_COUNT_REPLAYS, IDEM_COUNT_WAITS,
@@ -78,6 +80,8 @@ static const IdemCounter counters_v11[] = {
 
 #define COUNTERS_COLS	(IDEM_NUM_COUNTERS + 1)
 #define COUNTERS_COLS_1_1	(lengthof(counters_v11) + 1)
+/* as the SQL of 1.4 declares it: the counters before forgotten */
+#define COUNTERS_COLS_1_4	(IDEM_COUNT_FORGOTTEN + 1)
 
 /* idem_monitor_counters(): counter, value */
 #define MONITOR_COUNTERS_COLS	2
@@ -168,12 +172,13 @@ idem_counters(PG_FUNCTION_ARGS)
 	require_counters();
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "idempotency: return type must be a row type");
-	if (tupdesc->natts != COUNTERS_COLS && tupdesc->natts != COUNTERS_COLS_1_1)
+	if (tupdesc->natts != COUNTERS_COLS && tupdesc->natts != COUNTERS_COLS_1_4 &&
+		tupdesc->natts != COUNTERS_COLS_1_1)
 		elog(ERROR, "idempotency: idem_counters() must return %d columns", (int) COUNTERS_COLS);
 
 	for (int i = 0; i < tupdesc->natts - 1; i++)
 	{
-		IdemCounter c = tupdesc->natts == COUNTERS_COLS ? (IdemCounter) i : counters_v11[i];
+		IdemCounter c = tupdesc->natts == COUNTERS_COLS_1_1 ? counters_v11[i] : (IdemCounter) i;
 		uint64		v = pg_atomic_read_u64(&counters->value[c]);
 
 		if (c == IDEM_COUNT_WAIT_TIME)

@@ -24,6 +24,7 @@ typedef enum IdemCounter
 	IDEM_COUNT_PURGED,			/* records deleted by idem_purge */
 	IDEM_COUNT_RECOVERIES,		/* idem_begin returned 'recover' */
 	IDEM_COUNT_EXPIRED,			/* IK410 (remembered key) */
+	IDEM_COUNT_FORGOTTEN,		/* records deleted by idem_forget */
 	IDEM_NUM_COUNTERS
 } IdemCounter;
 
