@@ -116,6 +116,7 @@ my @denied = (
 	[ 'idem_set_durability(\'none\')', q{SELECT idem_set_durability('none')} ],
 	[ 'idem_durability()',             'SELECT idem_durability()' ],
 	[ 'idem_stats_reset()',            'SELECT idem_stats_reset()' ],
+	[ 'idem_forget()',                 q{SELECT idem_forget('op', 'k', 'postgres', true)} ],
 	[ 'SET idempotency.max_response_size', q{SET idempotency.max_response_size = '1GB'} ],
 	[ 'ALTER EXTENSION UPDATE',        'ALTER EXTENSION idempotency UPDATE' ],
 	[ 'DROP EXTENSION',                'DROP EXTENSION idempotency' ],
