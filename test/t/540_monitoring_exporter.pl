@@ -85,6 +85,15 @@ $node->safe_psql('postgres', q{
 expire('payment.refund', 'ref-0', "expires_at = now() - interval '1 second'");
 is($node->safe_psql('postgres', 'SELECT idem_purge()'), '1', 'purge: one expired record');
 
+# a key forgotten on purpose: counted, and gone from the records
+$node->safe_psql('postgres', q{
+	SET ROLE app_a;
+	SELECT idem_finish('payment.refund', 'ref-f', token, '{"charge": "ch_secret_f"}')
+	  FROM idem_begin('payment.refund', 'ref-f', '\x0f');
+});
+is($node->safe_psql('postgres', q{SELECT idem_forget('payment.refund', 'ref-f', 'app_a')}),
+	'completed', 'idem_forget: a completed record forgotten');
+
 my $sa = $node->background_psql('postgres', on_error_stop => 0);
 my $sb = $node->background_psql('postgres', on_error_stop => 0);
 run_sql($sa, 'SET ROLE app_a;');
@@ -250,7 +259,7 @@ ok(defined $age && $age >= 3600 && $age < 3600 + $PostgreSQL::Test::Utils::timeo
 
 # counters, exactly (the wait time: more than nothing, less than the test)
 my %want_counters = (
-	claims_total               => 16,    # ref-0, ord-1..7 (ord-5 and ord-7 twice), ref-1, ref-2, b-1, b-2, g-1, w-1
+	claims_total               => 17,    # ref-0, ref-f, ord-1..7 (ord-5 and ord-7 twice), ref-1, ref-2, b-1, b-2, g-1, w-1
 	replays_total              => 3,     # ord-1 twice, w-1's duplicate
 	waits_total                => 1,
 	in_progress_refusals_total => 1,
@@ -261,6 +270,7 @@ my %want_counters = (
 	purged_total               => 1,
 	recoveries_total           => 1,     # ord-7
 	expired_refusals_total     => 1,     # ref-2
+	forgotten_total            => 1,     # ref-f
 );
 for my $c (sort keys %want_counters)
 {
