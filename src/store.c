@@ -207,3 +207,16 @@ idem_store_close(IdemStore *store, bool release)
 	}
 }
 
+/*
+ * A store opened on a schema older than 1.2 has no epoch sequence -- unless
+ * an update to 1.2 committed after the look-up: lock the token sequence as
+ * nextval() would, which also takes in that update's invalidations, and
+ * look again.
+ */
+void
+idem_store_find_epoch_seq(IdemStore *store)
+{
+	LockRelationOid(store->token_seq, RowExclusiveLock);
+	store->epoch_seq = idem_catalog_member(store->extension, store->token_seq,
+										   "idem_token_epoch");
+}

@@ -115,6 +115,7 @@ extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode);
 extern void idem_store_need_heap(IdemStore *store, int table);
 extern void idem_store_need_table(IdemStore *store, int table);
 extern IdemDurability idem_tables_mode(char records, char results);
+extern void idem_store_find_epoch_seq(IdemStore *store);
 
 /* Column c of a version in table t; absent columns read as NULL */
 static inline Datum

@@ -330,16 +330,9 @@ idem_next_token(IdemStore *store)
 	int64		value;
 	int			bits;
 
+	/* a schema older than 1.2 -- unless an update to 1.2 committed since */
 	if (!OidIsValid(store->epoch_seq))
-	{
-		/*
-		 * Before 1.2 -- unless an update to 1.2 committed after we looked:
-		 * lock the sequence as nextval() would, which also takes in that
-		 * update's invalidations, and look again.
-		 */
-		LockRelationOid(store->token_seq, RowExclusiveLock);
-		store->epoch_seq = idem_catalog_member(store->extension, store->token_seq, "idem_token_epoch");
-	}
+		idem_store_find_epoch_seq(store);
 	if (!OidIsValid(store->epoch_seq))
 	{
 		/* a logged sequence, flushed by a synchronous commit */
