@@ -58,7 +58,9 @@ ALTER TABLE idem_mode_old RENAME TO idem_mode;
 -- 'completed', where idem_result is logged: unlogged tables are never
 -- published)
 SELECT idem_set_durability('completed');
+SET client_min_messages = error;
 CREATE PUBLICATION names_pub FOR TABLES IN SCHEMA elsewhere;
+SET client_min_messages = warning;
 ALTER TABLE idem_result SET SCHEMA elsewhere;
 \echo :SQLSTATE
 SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

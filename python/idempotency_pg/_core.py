@@ -485,3 +485,10 @@ class Record:
 def serialization_retry(err: psycopg.Error, attempt: int) -> bool:
     """Retry idem_begin after 40001 (README, "Errors and HTTP": the retry replays)?"""
     return err.sqlstate == "40001" and attempt < SERIALIZATION_RETRIES
+
+
+def pool_setting(value: Any) -> Any:
+    """A pool's ``conninfo`` or ``kwargs``: psycopg_pool 3.3 takes either as a
+    value or as a callable that gives it (in an async pool, maybe an
+    awaitable); this is the value, or what the callable gives."""
+    return value() if callable(value) else value

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 from datetime import timedelta
-from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection
@@ -15,7 +16,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from . import _core
-from ._core import (ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
+from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
                     AsyncIdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)
 from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
                      WaitTimeoutError)
@@ -97,8 +98,14 @@ async def _checkin(pool: AsyncConnectionPool, conn: AsyncConnection[Any], switch
 async def _connect(pool: AsyncConnectionPool) -> AsyncConnection[Any]:
     """A new connection with ``pool``'s settings, in autocommit, outside the
     pool: after a lost connection, the pool's idle ones may be lost too."""
-    kwargs: Dict[str, Any] = {**(pool.kwargs or {}), "autocommit": True}
-    conn: AsyncConnection[Any] = await pool.connection_class.connect(pool.conninfo, **kwargs)
+    conninfo = pool_setting(pool.conninfo)
+    given = pool_setting(pool.kwargs)
+    if inspect.isawaitable(conninfo):
+        conninfo = await conninfo
+    if inspect.isawaitable(given):
+        given = await given
+    kwargs: Dict[str, Any] = {**(given or {}), "autocommit": True}
+    conn: AsyncConnection[Any] = await pool.connection_class.connect(conninfo, **kwargs)
     return conn
 
 
@@ -315,7 +322,7 @@ class AsyncCoordinator:
             if self._own_claim_pool is None:
                 p = self.pool
                 own = AsyncConnectionPool(
-                    p.conninfo, kwargs={**(p.kwargs or {}), "autocommit": True},
+                    p.conninfo, kwargs={**(cast(Optional[Dict[str, Any]], p.kwargs) or {}), "autocommit": True},
                     connection_class=p.connection_class, min_size=1,
                     max_size=self._claim_pool_size or p.max_size, timeout=p.timeout,
                     name=f"{p.name}.claims", open=False)

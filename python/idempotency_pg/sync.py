@@ -12,7 +12,7 @@ import inspect
 import logging
 import threading
 from datetime import timedelta
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, cast
 
 import psycopg
 from psycopg import ClientCursor, Connection
@@ -20,7 +20,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from . import _core
-from ._core import (ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
+from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
                     ClaimState, IdempotentFunction, Outcome, Record, Settings, db_errors)
 from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
                      WaitTimeoutError)
@@ -91,8 +91,10 @@ def _checkin(pool: ConnectionPool, conn: Connection[Any], switched: bool, close:
 def _connect(pool: ConnectionPool) -> Connection[Any]:
     """A new connection with ``pool``'s settings, in autocommit, outside the
     pool: after a lost connection, the pool's idle ones may be lost too."""
-    kwargs: Dict[str, Any] = {**(pool.kwargs or {}), "autocommit": True}
-    conn: Connection[Any] = pool.connection_class.connect(pool.conninfo, **kwargs)
+    conninfo = pool_setting(pool.conninfo)
+    given = pool_setting(pool.kwargs)
+    kwargs: Dict[str, Any] = {**(given or {}), "autocommit": True}
+    conn: Connection[Any] = pool.connection_class.connect(conninfo, **kwargs)
     return conn
 
 
@@ -309,7 +311,7 @@ class Coordinator:
             if self._own_claim_pool is None:
                 p = self.pool
                 own = ConnectionPool(
-                    p.conninfo, kwargs={**(p.kwargs or {}), "autocommit": True},
+                    p.conninfo, kwargs={**(cast(Optional[Dict[str, Any]], p.kwargs) or {}), "autocommit": True},
                     connection_class=p.connection_class, min_size=1,
                     max_size=self._claim_pool_size or p.max_size, timeout=p.timeout,
                     name=f"{p.name}.claims", open=False)
