@@ -5,11 +5,13 @@
 const { IdempotencyClient, Claim, beginStatement, finishStatement, statements } = require('./lib/client');
 const {
 	IdempotencyError, InProgressError, KeyReuseError, FencedError, ExpiredError, InputError, ResponseTooLargeError,
-	translate,
+	translate: translateError,
 } = require('./lib/errors');
 const { fingerprint, textForm } = require('./lib/fingerprint');
 const { MAX_KEY_LENGTH, parseIdempotencyKey } = require('./lib/key');
 const mw = require('./lib/middleware');
+
+const { idempotencyKey, middleware, sendStored, sendProblem, problemFor } = mw;
 
 IdempotencyClient.prototype.middleware = function middleware(options) {
 	return mw.middleware(this, options);
@@ -18,6 +20,8 @@ IdempotencyClient.prototype.sendError = function sendError(res, err, context) {
 	return mw.sendError(this, res, err, context);
 };
 
+// Each export by name (shorthand), so that ESM's `import { ... } from
+// 'idempotency-pg'` finds them all.
 module.exports = {
 	IdempotencyClient,
 	Claim,
@@ -28,16 +32,16 @@ module.exports = {
 	ExpiredError,
 	InputError,
 	ResponseTooLargeError,
-	translateError: translate,
+	translateError,
 	fingerprint,
 	textForm,
 	MAX_KEY_LENGTH,
 	parseIdempotencyKey,
-	idempotencyKey: mw.idempotencyKey,
-	middleware: mw.middleware,
-	sendStored: mw.sendStored,
-	sendProblem: mw.sendProblem,
-	problemFor: mw.problemFor,
+	idempotencyKey,
+	middleware,
+	sendStored,
+	sendProblem,
+	problemFor,
 	beginStatement,
 	finishStatement,
 	statements,
