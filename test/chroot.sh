@@ -42,7 +42,7 @@ chroot_packages() {
 		python+=" ${mod#*:}"
 	done
 	echo "postgresql-$v postgresql-server-dev-$v postgresql-$v-repack" \
-		"make gcc libc6-dev libpq-dev perl libipc-run-perl pgbouncer" \
+		"make gcc libc6-dev libpq-dev perl libipc-run-perl pgbouncer nodejs npm" \
 		"build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all$python"
 }
 

@@ -198,6 +198,10 @@ missing_packages() {
 	# the alerting rules' TAP test (541) checks monitoring/alerts.yaml with
 	# Prometheus' promtool, which Debian ships in the prometheus package
 	[[ -x /usr/bin/promtool ]] || echo prometheus
+	# the examples suite: the Node example and the node/ package (Debian's
+	# nodejs and npm; a node from elsewhere, such as NodeSource's, does too)
+	command -v node >/dev/null 2>&1 || echo nodejs
+	command -v npm >/dev/null 2>&1 || echo npm
 	# commands a mode needs besides: "command:package" pairs
 	local need
 	for need in ${EXTRA_COMMANDS:-}; do

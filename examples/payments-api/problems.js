@@ -1,6 +1,7 @@
-// Error responses: RFC 9457 problem details (application/problem+json), and
-// the mapping from the extension's SQLSTATEs to HTTP statuses (README,
-// "Errors and HTTP").
+// Error responses of the API's own: RFC 9457 problem details
+// (application/problem+json), and the documentation of every problem type the
+// API answers, including those the idempotency-pg middleware sends for the
+// extension's SQLSTATEs (README, "Errors and HTTP"; node/README.md).
 //
 // The titles of the three Idempotency-Key problems are the ones the IETF
 // draft (draft-ietf-httpapi-idempotency-key-header, section 2.7) uses.  Each
@@ -31,6 +32,11 @@ export const PROBLEM_TYPES = {
 		title: 'A request is outstanding for this Idempotency-Key',
 		doc: 'A request with the same Idempotency-Key for the same operation is being processed or is outstanding. ' +
 			'Retry later with the same key to get its response.',
+	},
+	'idempotency-key-expired': {
+		title: 'The response for this Idempotency-Key has expired',
+		doc: 'The request with this Idempotency-Key was completed, and its stored response is no longer kept. ' +
+			'Do not retry it; a new request needs a new key.',
 	},
 	'invalid-request': {
 		title: 'Invalid request',
@@ -107,61 +113,4 @@ export function providerProblem(err, log) {
 	}
 	return new Problem(502, 'provider-unavailable',
 		'The payment provider did not confirm the charge. Retry with the same Idempotency-Key.');
-}
-
-// The DETAIL of IK422 is "Stored fingerprint: \x....  Request fingerprint:
-// \x...." (bytea output in hex: the pools set bytea_output = hex).  Returns
-// the two fingerprints as bare hex strings, stored first, or nulls.
-export function fingerprintsFromDetail(detail) {
-	const found = [...(detail ?? '').matchAll(/\\x([0-9a-f]*)|NULL/g)]
-		.map((m) => (m[0] === 'NULL' ? null : m[1]));
-	if (found.length !== 2) {
-		return { stored: null, request: null };
-	}
-	return { stored: found[0], request: found[1] };
-}
-
-// problemFromDbError(err, phase): the table of README, "Errors and HTTP",
-// for an error raised by a statement of the given phase ('begin', 'finish',
-// 'abort').  Returns a Problem, or null for 40001, which the caller retries.
-export function problemFromDbError(err, phase) {
-	switch (err.code) {
-	case 'IK409':
-		return new Problem(409, 'request-in-progress',
-			'A request with this Idempotency-Key is still being processed. Retry later with the same key.',
-			{ headers: { 'Retry-After': '1' } });
-	case '57014':
-		// statement_timeout ended our wait for the first attempt: it is
-		// still running (only idem_begin waits)
-		if (phase === 'begin') {
-			return new Problem(409, 'request-in-progress',
-				'A request with this Idempotency-Key has been running for longer than this server waits. Retry later with the same key.',
-				{ headers: { 'Retry-After': '1' } });
-		}
-		break;
-	case 'IK422': {
-		const fp = fingerprintsFromDetail(err.detail);
-		return new Problem(422, 'idempotency-key-reused',
-			'This Idempotency-Key was already used for a request with a different customer, amount or currency.',
-			{ extra: { stored_fingerprint: fp.stored, request_fingerprint: fp.request } });
-	}
-	case '22023':
-	case '22004':
-		return new Problem(400, 'invalid-request', `Invalid argument: ${err.message}.`);
-	case '40001':
-		return null;
-	case '25006':
-		return new Problem(503, 'service-unavailable', 'The database is read-only right now.',
-			{ headers: { 'Retry-After': '1' } });
-	case 'IK412':
-		// our claim lapsed and was taken over: the other attempt's response
-		// is the one that counts; we cannot store ours
-		return new Problem(500, 'internal-error',
-			'This attempt lost its claim on the Idempotency-Key before it could store its response. Retry with the same key.');
-	case '54000':
-		return new Problem(500, 'internal-error', 'The response is too large to store.');
-	default:
-		break;
-	}
-	return new Problem(500, 'internal-error', 'The server could not complete the request.');
 }

@@ -1,29 +1,33 @@
+'use strict';
 // The Idempotency-Key request header, as the IETF draft defines it
 // (draft-ietf-httpapi-idempotency-key-header): an RFC 8941 Structured Field
 // Item whose value is a String, e.g.
 //
 //     Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"
 //
-// Many clients written for older APIs send the key unquoted; we accept that
-// too, as long as it is one run of visible ASCII characters with no quote,
-// backslash, comma or semicolon (so it cannot be mistaken for a list or for
-// parameters).  Keys are at most 255 characters (the extension's limit,
-// README, "Errors and HTTP"): longer ones are a client error, reported
+// Many clients written for older APIs send the key unquoted; that is
+// accepted too, as long as it is one run of visible ASCII characters with no
+// quote, backslash, comma or semicolon (so it cannot be mistaken for a list
+// or for parameters).  Keys are at most 255 characters (the extension's
+// limit, README, "Errors and HTTP"): longer ones are a client error, reported
 // before anything is claimed.
 
-export const MAX_KEY_LENGTH = 255;
+const MAX_KEY_LENGTH = 255;
 
 // parseIdempotencyKey(headerValue) -> { ok: true, key } | { ok: false, missing, reason }
 //
 // headerValue is what Node gives for the header: undefined when absent; when
 // a client sent the header twice Node joins the values with ", ", which
 // parses as neither form and so is rejected as malformed.
-export function parseIdempotencyKey(headerValue) {
-	if (headerValue === undefined) {
+function parseIdempotencyKey(headerValue) {
+	if (headerValue === undefined || headerValue === null) {
 		return { ok: false, missing: true, reason: 'The Idempotency-Key header is missing.' };
 	}
+	if (Array.isArray(headerValue)) {
+		headerValue = headerValue.join(', ');
+	}
 	// RFC 8941 §4.2: parsers discard leading and trailing spaces
-	const value = headerValue.replace(/^ +| +$/g, '');
+	const value = String(headerValue).replace(/^ +| +$/g, '');
 	let key;
 	if (value.startsWith('"')) {
 		key = parseSfString(value);
@@ -62,7 +66,7 @@ export function parseIdempotencyKey(headerValue) {
 }
 
 // RFC 8941 §4.2.5 (Parsing a String), requiring the whole input to be that
-// one string: this API defines no parameters for the header.
+// one string: no parameters are defined for the header.
 function parseSfString(input) {
 	let out = '';
 	for (let i = 1; i < input.length; i++) {
@@ -85,3 +89,5 @@ function parseSfString(input) {
 	}
 	return null; // no closing quote
 }
+
+module.exports = { MAX_KEY_LENGTH, parseIdempotencyKey };

@@ -1,0 +1,170 @@
+// Types of idempotency-pg (README.md of this package).
+import type { Pool, PoolClient } from 'pg';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+
+/** An interval as PostgreSQL reads it ('30 s', '5 min'), or milliseconds. */
+export type Duration = string | number;
+export type FingerprintValue = string | number | bigint | boolean | null | undefined;
+export type Outcome = 'new' | 'replay' | 'recover' | 'in_progress' | 'key_reuse' | 'expired';
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+export interface Logger {
+  debug(message: string): void;
+  error(...args: unknown[]): void;
+}
+
+export interface BeginOptions {
+  inFlight?: 'wait' | 'raise';
+  lease?: Duration;
+  ttl?: Duration;
+  takeover?: 'lease' | 'session';
+  remember?: Duration;
+  /** A state recorded by idem_checkpoint in the claim's own statement (not on a replay). */
+  checkpoint?: Json;
+  onOutcome?: (operation: string, outcome: Outcome) => void;
+}
+
+export interface ClientOptions extends Omit<BeginOptions, 'checkpoint' | 'onOutcome'> {
+  /** Where a finish or abort runs when the claim's connection broke (default: the pool). */
+  finishPool?: Pool;
+  /** The type of claim.token: 'string' (default) or 'bigint'. */
+  tokens?: 'string' | 'bigint';
+  log?: Partial<Logger>;
+  onOutcome?: (operation: string, outcome: Outcome) => void;
+}
+
+export interface Effect {
+  /** A data-modifying statement run with idem_finish in one statement; parameters from $5. */
+  text: string;
+  values?: unknown[];
+  /** A name, to make it a named prepared statement. */
+  name?: string;
+}
+
+export interface StoredResponse {
+  status: number;
+  headers?: Record<string, string>;
+  body?: Json;
+  text?: string;
+}
+
+export interface InspectRow {
+  state: 'pending' | 'lapsed' | 'completed' | 'remembered' | 'expired';
+  token: string;
+  fingerprint: string | null;
+  created_at: Date;
+  lease_until: Date | null;
+  completed_at: Date | null;
+  expires_at: Date;
+  uncommitted: boolean;
+  response: Json;
+}
+
+export class Claim<Token = string | bigint> {
+  readonly operation: string;
+  readonly key: string;
+  readonly fingerprint: Buffer | null;
+  /** 'new' or 'recover': this attempt holds the key; 'replay': `response` is the stored one. */
+  readonly status: 'new' | 'recover' | 'replay';
+  /** replay: the stored response; recover: the last checkpoint's state; new: null. */
+  readonly response: Json;
+  /** The fencing token (null for a replay). */
+  readonly token: Token | null;
+  readonly pending: boolean;
+  /** The claim's own connection while it is pending. */
+  readonly connection: PoolClient | null;
+  finish<R extends Json>(response: R, options?: { effect?: Effect }): Promise<Json>;
+  abort(): Promise<boolean>;
+  checkpoint(state: Json): Promise<void>;
+  renew(lease: Duration): Promise<Date>;
+  release(options?: { close?: boolean }): void;
+}
+
+export interface MiddlewareOptions extends Omit<BeginOptions, 'checkpoint'> {
+  operation: string;
+  /** Request parts ('body.amount', 'params.id', 'query.x', 'headers.x-tenant'), or a function. */
+  fingerprint?: string[] | ((req: any) => FingerprintValue[] | Buffer | null) | null;
+  /** true: { idempotency_key: key }; a function: its state. */
+  checkpoint?: boolean | ((req: any, key: string) => Json);
+  /** Response headers stored and replayed (default ['Location', 'ETag']). */
+  headers?: string[];
+  /** Which statuses are stored (default: status < 400); others abort the claim. */
+  store?: (status: number) => boolean;
+  /** The problem "type" URI for a problem name (default: none, i.e. about:blank). */
+  problemType?: (name: string) => string;
+  header?: string;
+  required?: boolean;
+  log?: Partial<Logger>;
+}
+
+export interface RequestIdempotency {
+  key: string;
+  operation: string;
+  status: 'new' | 'recover';
+  /** With status 'recover', the checkpoint state the dead attempt left. */
+  recovered: Json;
+  token: string | bigint;
+  claim: Claim;
+  respond(response: StoredResponse, options?: { effect?: Effect }): Promise<StoredResponse | null>;
+  checkpoint(state: Json): Promise<void>;
+}
+
+declare global {
+  namespace Express {
+    interface Request {
+      idempotency?: RequestIdempotency;
+      idempotencyKey?: string | null;
+    }
+  }
+}
+
+export type Middleware = (req: IncomingMessage & any, res: ServerResponse & any, next: (err?: unknown) => void) => void;
+
+export class IdempotencyClient {
+  constructor(pool: Pool, options?: ClientOptions & { tokens?: 'string' });
+  readonly pool: Pool;
+  begin(operation: string, key: string, fingerprint: Buffer | FingerprintValue[] | null, options?: BeginOptions): Promise<Claim>;
+  inspect(operation: string, key: string): Promise<InspectRow | null>;
+  retryAfter(operation: string, key: string): Promise<number>;
+  middleware(options: MiddlewareOptions): Middleware;
+  sendError(res: ServerResponse, err: unknown, context: { operation?: string; key?: string; problemType?: (name: string) => string }): Promise<void>;
+}
+
+export class IdempotencyError extends Error {
+  readonly sqlstate: string;
+  readonly code: string;
+  readonly detail: string | null;
+  readonly operation: string | null;
+  readonly key: string | null;
+}
+/** IK409 (and 57014: a wait that statement_timeout ended). */
+export class InProgressError extends IdempotencyError {}
+/** IK422. */
+export class KeyReuseError extends IdempotencyError {
+  readonly storedFingerprint: string | null;
+  readonly requestFingerprint: string | null;
+}
+/** IK412. */
+export class FencedError extends IdempotencyError {}
+/** IK410. */
+export class ExpiredError extends IdempotencyError {}
+/** 22023, 22004, 54000. */
+export class InputError extends IdempotencyError {}
+/** 54000. */
+export class ResponseTooLargeError extends InputError {}
+
+export function translateError(err: unknown, context?: { operation?: string; key?: string }): unknown;
+export function fingerprint(...values: FingerprintValue[]): Buffer;
+export function textForm(value: FingerprintValue): string | null;
+export const MAX_KEY_LENGTH: 255;
+export function parseIdempotencyKey(value: string | string[] | undefined):
+  { ok: true; key: string } | { ok: false; missing: boolean; reason: string };
+export function idempotencyKey(options?: { header?: string; problemType?: (name: string) => string; required?: boolean }): Middleware;
+export function middleware(client: IdempotencyClient, options: MiddlewareOptions): Middleware;
+export function sendStored(res: ServerResponse, stored: StoredResponse, replayed: boolean): void;
+export interface Problem { status: number; name: string; title: string; detail: string; extra: Record<string, unknown>; headers: Record<string, string> }
+export function sendProblem(res: ServerResponse, problem: Problem, options?: { problemType?: (name: string) => string }): void;
+export function problemFor(err: unknown, options?: { retryAfter?: number }): Problem;
+export function beginStatement(options: BeginOptions): { name: string; text: string; values: unknown[] };
+export function finishStatement(effect?: Effect): { name?: string; text: string };
+export const statements: Record<'FINISH' | 'ABORT' | 'CHECKPOINT' | 'RENEW' | 'INSPECT' | 'RETRY_AFTER', { name: string; text: string }>;

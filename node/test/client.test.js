@@ -1,0 +1,223 @@
+'use strict';
+// IdempotencyClient against a real server: claims, replays, aborts,
+// checkpoints and recovery, tokens above 2^53 with a bigint type parser
+// installed, the error classes, and a 'session' claim held across the pool's
+// idle timeout.
+
+const assert = require('node:assert/strict');
+const { after, before, test } = require('node:test');
+const { randomUUID } = require('node:crypto');
+
+const pg = require('pg');
+
+const {
+	IdempotencyClient, InProgressError, KeyReuseError, FencedError, ExpiredError, InputError,
+	ResponseTooLargeError, IdempotencyError, fingerprint,
+} = require('..');
+const { scratchDatabase, sleep } = require('./db');
+
+// What many applications do: bigint columns as JavaScript numbers, for the
+// whole process.  Tokens are above 2^53: they must never go through it.
+pg.types.setTypeParser(20, parseInt);
+
+let s;
+let pool;
+let idem;
+const outcomes = [];
+
+before(async () => {
+	s = await scratchDatabase('client');
+	pool = s.pool();
+	idem = new IdempotencyClient(pool, { onOutcome: (op, outcome) => outcomes.push(`${op}:${outcome}`) });
+});
+after(async () => { await s?.drop(); });
+
+const newKey = (label) => `${label}-${randomUUID()}`;
+
+async function state(key, operation = 'op.test') {
+	const { rows } = await s.db.query('SELECT state, token::text AS token, checkpoint FROM idem_inspect($1, $2)', [operation, key]);
+	return rows[0] ?? null;
+}
+
+test('new, finish, then replay: the stored response, as jsonb returns it; the token is the exact text', async () => {
+	const key = newKey('basic');
+	const claim = await idem.begin('op.test', key, ['order-7', 4200]);
+	assert.equal(claim.status, 'new');
+	assert.equal(typeof claim.token, 'string');
+	assert.ok(BigInt(claim.token) > BigInt(Number.MAX_SAFE_INTEGER), `token ${claim.token} is above 2^53`);
+	assert.equal(claim.token, (await state(key)).token, 'the token is the server\'s, digit for digit');
+	assert.ok(claim.pending);
+	const stored = await claim.finish({ status: 201, body: { zz: 1, a: [1, 2] } });
+	assert.deepEqual(stored, { status: 201, body: { zz: 1, a: [1, 2] } });
+	assert.equal(claim.pending, false);
+	assert.equal((await state(key)).state, 'completed');
+
+	const replay = await idem.begin('op.test', key, fingerprint('order-7', 4200));
+	assert.equal(replay.status, 'replay');
+	assert.equal(replay.token, null);
+	assert.deepEqual(replay.response, stored);
+	await assert.rejects(replay.finish({}), /replay/);
+});
+
+test("tokens: 'bigint' gives BigInts, equal to the server's", async () => {
+	const client = new IdempotencyClient(pool, { tokens: 'bigint' });
+	const key = newKey('bigint');
+	const claim = await client.begin('op.test', key, null);
+	assert.equal(typeof claim.token, 'bigint');
+	assert.equal(claim.token, BigInt((await state(key)).token));
+	assert.equal(await claim.abort(), true);
+	assert.equal(await state(key), null, 'aborted: no record');
+});
+
+test('abort releases the key: the next attempt gets new, with a greater token', async () => {
+	const key = newKey('abort');
+	const first = await idem.begin('op.test', key, ['x']);
+	assert.equal(await first.abort(), true);
+	const second = await idem.begin('op.test', key, ['x']);
+	assert.equal(second.status, 'new');
+	assert.ok(BigInt(second.token) > BigInt(first.token));
+	await second.finish({ ok: true });
+});
+
+test('in_flight raise: InProgressError (IK409) with the key; wait: the duplicate waits, then replays', async () => {
+	const key = newKey('inflight');
+	const claim = await idem.begin('op.test', key, ['x'], { lease: '20 s' });
+	const err = await idem.begin('op.test', key, ['x'], { inFlight: 'raise' }).catch((e) => e);
+	assert.ok(err instanceof InProgressError, String(err));
+	assert.ok(err instanceof IdempotencyError);
+	assert.equal(err.sqlstate, 'IK409');
+	assert.equal(err.code, 'IK409');
+	assert.equal(err.key, key);
+	assert.equal(err.operation, 'op.test');
+	const seconds = await idem.retryAfter('op.test', key);
+	assert.ok(seconds >= 19 && seconds <= 20, `Retry-After from the lease end: ${seconds}`);
+
+	const waiting = idem.begin('op.test', key, ['x'], { inFlight: 'wait' });
+	await sleep(100);
+	await claim.finish({ done: 1 });
+	const replay = await waiting;
+	assert.equal(replay.status, 'replay');
+	assert.deepEqual(replay.response, { done: 1 });
+});
+
+test('KeyReuseError (IK422) carries both fingerprints in hex and the DETAIL', async () => {
+	const key = newKey('reuse');
+	await (await idem.begin('op.test', key, ['cus_1', 1000])).finish({});
+	const err = await idem.begin('op.test', key, ['cus_1', 5]).catch((e) => e);
+	assert.ok(err instanceof KeyReuseError, String(err));
+	assert.equal(err.sqlstate, 'IK422');
+	assert.match(err.detail, /Stored fingerprint/);
+	assert.equal(err.storedFingerprint, fingerprint('cus_1', 1000).toString('hex'));
+	assert.equal(err.requestFingerprint, fingerprint('cus_1', 5).toString('hex'));
+	assert.equal(err.key, key);
+});
+
+test('FencedError (IK412): a finish with a token that lost the key', async () => {
+	const key = newKey('fenced');
+	const claim = await idem.begin('op.test', key, null, { lease: '50 ms' });
+	await sleep(120);
+	const next = await idem.begin('op.test', key, null);
+	assert.equal(next.status, 'new', 'the lapsed claim was taken over');
+	const err = await claim.finish({ late: true }).catch((e) => e);
+	assert.ok(err instanceof FencedError, String(err));
+	assert.equal(err.sqlstate, 'IK412');
+	assert.equal(typeof err.detail, 'string');
+	assert.equal(claim.pending, false);
+	await next.finish({ on: 'time' });
+});
+
+test('ExpiredError (IK410): a remembered key past its ttl', async () => {
+	const key = newKey('expired');
+	const claim = await idem.begin('op.test', key, ['a'], { ttl: '1 min', remember: '30 days' });
+	await claim.finish({ x: 1 });
+	await s.db.query(`UPDATE idem_result SET expires_at = now() - interval '1 s' WHERE key = $1`, [key]);
+	await s.db.query(`UPDATE idem_record SET expires_at = now() - interval '1 s' WHERE key = $1`, [key]);
+	const err = await idem.begin('op.test', key, ['a']).catch((e) => e);
+	assert.ok(err instanceof ExpiredError, String(err));
+	assert.equal(err.sqlstate, 'IK410');
+});
+
+test('input errors: 22023 (empty key, a key over 255 characters, a bad policy), 22004, 54000', async () => {
+	for (const [key, opts] of [['', {}], ['k'.repeat(256), {}], [newKey('policy'), { inFlight: 'sometimes' }]]) {
+		const err = await idem.begin('op.test', key, null, opts).catch((e) => e);
+		assert.ok(err instanceof InputError, String(err));
+		assert.equal(err.sqlstate, '22023');
+	}
+	const nullKey = await idem.begin('op.test', null, null).catch((e) => e);
+	assert.ok(nullKey instanceof InputError, String(nullKey));
+	assert.equal(nullKey.sqlstate, '22004');
+
+	// a response too large: the claim stays held, a smaller one finishes it
+	const small = new IdempotencyClient(s.pool({ options: '-c idempotency.max_response_size=1kB' }));
+	const key = newKey('large');
+	const claim = await small.begin('op.test', key, null);
+	const err = await claim.finish({ big: 'x'.repeat(5000) }).catch((e) => e);
+	assert.ok(err instanceof ResponseTooLargeError, String(err));
+	assert.ok(err instanceof InputError);
+	assert.equal(err.sqlstate, '54000');
+	assert.ok(claim.pending, 'an input error keeps the claim');
+	assert.deepEqual(await claim.finish({ ref: 'blob-1' }), { ref: 'blob-1' });
+});
+
+test("takeover 'session': the claim's connection stays checked out past the pool's idle timeout; its end lets the next owner recover", async () => {
+	const idlePool = s.pool({ max: 3, idleTimeoutMillis: 50 });
+	const client = new IdempotencyClient(idlePool, { onOutcome: (op, outcome) => outcomes.push(`${op}:${outcome}`) });
+	const key = newKey('session');
+	const claim = await client.begin('op.test', key, ['s'], { takeover: 'session', checkpoint: { provider_key: key } });
+	assert.equal(claim.status, 'new');
+	assert.deepEqual((await state(key)).checkpoint, { provider_key: key }, 'the checkpoint came with the claim');
+	// other requests' errors on the pool, and idle time, do not touch it
+	for (let i = 0; i < 3; i++) {
+		await assert.rejects(idlePool.query('SELECT 1/0'));
+		const dup = await client.begin('op.test', key, ['s'], { inFlight: 'raise', takeover: 'session' }).catch((e) => e);
+		assert.ok(dup instanceof InProgressError, String(dup));
+		await sleep(100);
+	}
+	assert.equal((await state(key)).state, 'pending', 'the claim is live after 3 idle timeouts');
+	await claim.checkpoint({ provider_key: key, step: 'called' });
+
+	// the worker dies: its session ends, the claim lapses at once
+	const pid = claim.connection.processID;
+	await s.db.query('SELECT pg_terminate_backend($1)', [pid]);
+	const t0 = performance.now();
+	const next = await client.begin('op.test', key, ['s'], { takeover: 'session' });
+	assert.equal(next.status, 'recover');
+	assert.ok(performance.now() - t0 < 1000);
+	assert.deepEqual(next.response, { provider_key: key, step: 'called' });
+	assert.ok(BigInt(next.token) > BigInt(claim.token));
+	await next.finish({ charge: 'ch_1' });
+	// the dead attempt's finish is fenced off
+	const late = await claim.finish({ charge: 'ch_2' }).catch((e) => e);
+	assert.ok(late instanceof FencedError, String(late));
+	assert.deepEqual((await client.begin('op.test', key, ['s'])).response, { charge: 'ch_1' });
+});
+
+test('finish with an effect: the effect and idem_finish in one statement (one transaction)', async () => {
+	await s.db.query('CREATE TABLE IF NOT EXISTS effects (key text PRIMARY KEY, amount bigint NOT NULL)');
+	const key = newKey('effect');
+	const claim = await idem.begin('op.test', key, null);
+	const effect = { name: 'effect_insert', text: 'INSERT INTO effects VALUES ($5, $6)', values: [key, 700] };
+	await claim.finish({ ok: 1 }, { effect });
+	const { rows } = await s.db.query('SELECT amount FROM effects WHERE key = $1', [key]);
+	assert.deepEqual(rows, [{ amount: 700 }]);
+
+	// a fenced finish rolls its effect back
+	const key2 = newKey('effect-fenced');
+	const lost = await idem.begin('op.test', key2, null, { lease: '50 ms' });
+	await sleep(120);
+	const owner = await idem.begin('op.test', key2, null);
+	await assert.rejects(lost.finish({}, { effect: { ...effect, values: [key2, 1] } }), FencedError);
+	assert.equal((await s.db.query('SELECT 1 FROM effects WHERE key = $1', [key2])).rowCount, 0);
+	await owner.abort();
+});
+
+test('renew extends the lease; onOutcome counted every outcome', async () => {
+	const key = newKey('renew');
+	const claim = await idem.begin('op.test', key, null, { lease: '1 s' });
+	const until = await claim.renew('60 s');
+	assert.ok(until instanceof Date && until.getTime() - Date.now() > 50000);
+	await claim.abort();
+	for (const outcome of ['new', 'replay', 'recover', 'in_progress', 'key_reuse', 'expired']) {
+		assert.ok(outcomes.includes(`op.test:${outcome}`), `${outcome} was reported: ${outcomes.join(' ')}`);
+	}
+});
