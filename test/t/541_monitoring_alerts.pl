@@ -30,7 +30,7 @@ $rules = Cwd::abs_path($rules);
 note('promtool: ' . (join '', run_command([ $promtool, '--version' ])) =~ s/\n.*//sr);
 
 my ($out, $err) = run_command([ $promtool, 'check', 'rules', $rules ]);
-like($out, qr/SUCCESS: 5 rules found/, 'promtool check rules: the file is valid, 5 rules')
+like($out, qr/SUCCESS: 14 rules found/, 'promtool check rules: the file is valid, 5 alerts and 9 dashboard series')
   or diag("stdout:\n$out\nstderr:\n$err");
 
 # Series one scrape a minute for two hours; the alerts are looked at
@@ -80,10 +80,23 @@ tests:
               role: app
               operation: payment.charge
               state: pending
+  # the dashboard's replay ratio: 3 claims and 1 replay a second -> 0.25
+  - interval: 1m
+    input_series:
+      - series: 'idempotency_claims_total{instance="db"}'
+        values: '0+180x120'
+      - series: 'idempotency_replays_total{instance="db"}'
+        values: '0+60x120'
+    promql_expr_test:
+      - expr: idempotency:replay_ratio:rate5m
+        eval_time: 90m
+        exp_samples:
+          - labels: 'idempotency:replay_ratio:rate5m{instance="db"}'
+            value: 0.25
 YAML
 close $fh;
 ($out, $err) = run_command([ $promtool, 'test', 'rules', $tests ]);
-like($out, qr/SUCCESS/, 'promtool test rules: NotPurged ignores remembered keys, fires on expired ones; ClaimStuck on a pending claim')
+like($out, qr/SUCCESS/, 'promtool test rules: NotPurged ignores remembered keys, fires on expired ones; ClaimStuck on a pending claim; the replay ratio of the dashboard')
   or diag("stdout:\n$out\nstderr:\n$err");
 unlike("$out$err", qr/FAILED/, 'promtool test rules: no test failed');
 
