@@ -13,9 +13,9 @@ typedef struct IdemObjects
 {
 	Oid			extension;
 	Oid			records;		/* idem_record */
-	Oid			results;		/* idem_result; InvalidOid before 1.3 */
+	Oid			results;		/* idem_result; InvalidOid in the oldest schemas */
 	Oid			token_seq;		/* idem_token_seq */
-	Oid			epoch_seq;		/* idem_token_epoch; InvalidOid before 1.2 */
+	Oid			epoch_seq;		/* idem_token_epoch; InvalidOid in the oldest schemas */
 } IdemObjects;
 
 extern void idem_catalog_objects(Oid fn_oid, IdemObjects *objects);

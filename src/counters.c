@@ -2,8 +2,8 @@
  *
  * counters.c
  *	  Server-wide counters of what the idem_* functions did, in shared
- *	  memory: idem_count() adds to them, idem_counters() (one row, the
- *	  counters of version 1.1) and idem_monitor_counters() (a row per
+ *	  memory: idem_count() adds to them, idem_counters() (one row, a
+ *	  column per counter) and idem_monitor_counters() (a row per
  *	  counter, for monitoring) read them, and idem_stats_reset() starts
  *	  them over.
  *

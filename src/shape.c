@@ -70,8 +70,8 @@ idem_shape_init(void)
 /*
  * The columns the code reads and writes, by name.  A DBA may add columns
  * (a write fills them with their default, or NULL, and an update keeps
- * them), but not drop, retype or rename these.  role_id was an oid before
- * version 1.3.
+ * them), but not drop, retype or rename these.  role_id may also be an
+ * oid, as in the oldest schemas the library serves.
  */
 static const struct
 {

@@ -4,8 +4,8 @@
  *	  The records as a DBA looks at them: idem_inspect (one key of the
  *	  calling role) and idem_stats (its records per operation).  The
  *	  server-wide counters are in counters.c.  Every role's records, for a
- *	  monitoring role, are counted by the view idem_monitor, in SQL
- *	  (idempotency--1.4--1.5.sql), by the same states.
+ *	  monitoring role, are counted by the view idem_monitor, in SQL, by
+ *	  the same states.
  *
  *-------------------------------------------------------------------------
  */

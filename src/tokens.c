@@ -70,14 +70,15 @@
  * that day.  DROP EXTENSION takes the epoch sequence with it, and the next
  * CREATE EXTENSION starts over; the clock carries the order across (README,
  * "Reinstalling", gives the exact limit).  A value not written by a
- * timeline epoch (timeline 0) -- a new installation's, or version 1.2's
- * epoch number, updated or restored from a dump -- is such a start, above
- * every token of that version.
+ * timeline epoch (timeline 0) -- a new installation's, or the plain epoch
+ * number of the 32-bit layout below, updated or restored from a dump -- is
+ * such a start, above every token of that layout.
  *
- * Version 1.2's idem_token_epoch cannot hold a timeline: served by this
- * library, its tokens stay epoch << 32 | count, the epoch from nextval().
- * Versions before 1.2 have a logged idem_token_seq and no epochs: there a
- * claim's commit is made synchronous, which flushes the sequence's WAL.
+ * An idem_token_epoch whose maximum leaves no room for a timeline (the
+ * 32-bit layout) keeps its tokens epoch << 32 | count, the epoch from
+ * nextval().  A schema without idem_token_epoch has a logged
+ * idem_token_seq and no epochs: there a claim's commit is made
+ * synchronous, which flushes the sequence's WAL.
  *
  *-------------------------------------------------------------------------
  */
@@ -110,7 +111,7 @@
 
 /* a token: epoch << COUNT_BITS | count */
 #define COUNT_BITS			25
-#define COUNT_BITS_V12		32	/* version 1.2's layout */
+#define COUNT_BITS_V12		32	/* the 32-bit layout: no timeline in the epoch */
 #define COUNT_SPARE			(INT64CONST(1) << 20)
 
 /* an epoch: band << SERIAL_BITS | serial; idem_token_epoch adds the timeline */
@@ -133,8 +134,8 @@ token_in_epoch(int64 value, int count_bits)
 }
 
 /*
- * How tokens are laid out in this installation: version 1.2's
- * idem_token_epoch has a maximum that leaves no room for a timeline.
+ * How tokens are laid out in this installation: an idem_token_epoch whose
+ * maximum leaves no room for a timeline has the 32-bit layout.
  */
 static int
 count_bits(IdemStore *store)
@@ -260,8 +261,8 @@ next_epoch(Oid seqid, Oid cluster_seqid, int64 min_epoch)
 	{
 		/*
 		 * The installation's first epoch: from the clock, and above every
-		 * token of version 1.2 if last is its epoch number (its tokens are
-		 * below (last + 1) << 32).  The band goes up by the timeline below.
+		 * token of the 32-bit layout if last is its epoch number (its tokens
+		 * are below (last + 1) << 32).  The band goes up by the timeline below.
 		 */
 		int64		secs = GetCurrentTimestamp() / USECS_PER_SEC - CLOCK_ORIGIN;
 
@@ -378,7 +379,7 @@ idem_next_token_above(IdemStore *store, int64 floor)
 			return value;
 		bits = count_bits(store);
 		if (bits != COUNT_BITS)
-			return value;		/* version 1.2's layout has no bands */
+			return value;		/* the 32-bit layout has no bands */
 
 		LockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
 		value = nextval_internal(store->token_seq, false);
