@@ -104,6 +104,8 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	IdemObjects objects;
 	Oid			relid;
 	Oid			resultid;
+	char		records;
+	char		results = 0;	/* no idem_result */
 
 	idem_catalog_objects(fn_oid, &objects);
 	relid = objects.records;
@@ -126,12 +128,12 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	 * keeps it: a switch takes ACCESS EXCLUSIVE locks on both tables, and
 	 * invalidates idem_record, whose lock we took after it.
 	 */
-	store->split = idem_tables_mode(store->hidden[IDEM_RECORDS] ? RELPERSISTENCE_UNLOGGED :
-									store->heap[IDEM_RECORDS]->rd_rel->relpersistence,
-									!OidIsValid(resultid) ? 0 :
-									idem_catalog_result_logged(resultid) ?
-									RELPERSISTENCE_PERMANENT : RELPERSISTENCE_UNLOGGED) ==
-		IDEM_DURABILITY_COMPLETED;
+	records = store->hidden[IDEM_RECORDS] ? RELPERSISTENCE_UNLOGGED :
+		store->heap[IDEM_RECORDS]->rd_rel->relpersistence;
+	if (OidIsValid(resultid))
+		results = idem_catalog_result_logged(resultid) ?
+			RELPERSISTENCE_PERMANENT : RELPERSISTENCE_UNLOGGED;
+	store->split = idem_tables_mode(records, results) == IDEM_DURABILITY_COMPLETED;
 }
 
 /*
