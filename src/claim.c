@@ -50,6 +50,7 @@
 #include "utils/typcache.h"
 
 #include "args.h"
+#include "claim.h"
 #include "counters.h"
 #include "idempotency.h"
 #include "locks.h"
@@ -792,9 +793,13 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 
 /* ---- idem_forget ---- */
 
-/* The state idem_inspect would give a record */
-static const char *
-record_state(const IdemRecord *rec, TimestampTz now)
+/*
+ * A record's state as idem_begin would take it: "pending", "lapsed" (the
+ * next claim takes it over: its lease is over, or its session has ended),
+ * "completed", "remembered" or "expired"
+ */
+const char *
+idem_record_state(const IdemRecord *rec, TimestampTz now)
 {
 	if (IdemRecordIsPending(rec))
 		return record_is_live(rec, now) ? "pending" : "lapsed";
@@ -844,7 +849,7 @@ idem_forget(PG_FUNCTION_ARGS)
 					 errmsg("idempotency key \"%s\" is being written by another transaction",
 							text_to_cstring(key.key)),
 					 errhint("Forget it once that transaction has ended.")));
-		state = record_state(&rec, now);
+		state = idem_record_state(&rec, now);
 		if (strcmp(state, "pending") == 0 && !force)
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEMPOTENCY_IN_PROGRESS),

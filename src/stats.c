@@ -20,6 +20,7 @@
 #include "utils/timestamp.h"
 
 #include "args.h"
+#include "claim.h"
 #include "idempotency.h"
 #include "read.h"
 #include "store.h"
@@ -157,17 +158,13 @@ idem_inspect(PG_FUNCTION_ARGS)
 	{
 		TimestampTz now = GetCurrentTimestamp();
 		bool		pending = IdemRecordIsPending(&rec);
-		bool		expired = rec.expires_at <= now;
-		bool		remembered = !pending && expired && rec.forget_at > now;
 		Datum		values[INSPECT_COLS];
 		bool		nulls[INSPECT_COLS] = {0};
 
 		if (rsinfo->setDesc->natts != INSPECT_COLS &&
 			rsinfo->setDesc->natts != INSPECT_COLS_1_1)
 			elog(ERROR, "idempotency: idem_inspect() must return %d columns", INSPECT_COLS);
-		values[0] = CStringGetTextDatum(pending ? (expired ? "lapsed" : "pending") :
-										remembered ? "remembered" :
-										expired ? "expired" : "completed");
+		values[0] = CStringGetTextDatum(idem_record_state(&rec, now));
 		values[1] = Int64GetDatum(rec.token);
 		values[2] = PointerGetDatum(rec.fingerprint);
 		nulls[2] = (rec.fingerprint == NULL);

@@ -268,7 +268,8 @@ def test_outcomes_are_logged_and_reported(admin: psycopg.Connection[Any], needs_
         lost = new_key("lost")
         dead = coordinator.begin(OP, lost, idem.fingerprint(5))
         dead.checkpoint({"step": 1})
-        dead.abandon()
+        dead.abandon()  # its backend exits a moment after the connection closes
+        wait_for("the claim lapses", lambda: record_state(admin, OP, lost) == "lapsed")
         assert act(5, idempotency_key=lost) == 5
     assert seen == [(OP, "new"), (OP, "replay"), (OP, "key_reuse"), (OP, "new"), (OP, "in_progress"),
                     (OP, "expired"), (OP, "new"), (OP, "recover")]
