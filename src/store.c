@@ -42,6 +42,7 @@
 #include "utils/snapmgr.h"
 
 #include "catalog.h"
+#include "citus.h"
 #include "idempotency.h"
 #include "shape.h"
 #include "store.h"
@@ -107,6 +108,7 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 	char		records;
 	char		results = 0;	/* no idem_result */
 
+	idem_citus_check_node(lockmode != AccessShareLock);
 	idem_catalog_objects(fn_oid, &objects);
 	relid = objects.records;
 	resultid = objects.results;
