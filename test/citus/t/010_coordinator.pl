@@ -13,8 +13,9 @@
 #  - the coordinator killed at its commit, before its commit record (the
 #    worker's PREPARE held up by a deferred trigger on the shard), and
 #    after it (the commit waiting for a synchronous standby that never
-#    comes); a worker killed at its commit; a worker stopped: each time the
-#    charge happens once, counted per key, and every finished key replays.
+#    comes); a worker killed at its commit; a worker stopped; a worker
+#    added and the shards rebalanced onto it: each time the charge happens
+#    once, counted per key, and every finished key replays.
 #
 # Citus comes from test/citus/install (test/run citus, or the citus suite
 # of test/run check).
@@ -29,23 +30,31 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-my @nodes;
-for my $name (qw(coordinator worker1 worker2))
+# A server with citus and idempotency preloaded, and CREATE EXTENSION citus
+sub citus_node
 {
+	my ($name) = @_;
 	my $n = PostgreSQL::Test::Cluster->new($name);
 	# max_wal_senders > 0: a synchronous standby can be waited for
 	$n->init(allows_streaming => 'logical');
 	$n->append_conf('postgresql.conf', q{
 shared_preload_libraries = 'citus,idempotency'
-max_prepared_transactions = 10
+# Citus opens a connection, and prepares a transaction, per shard of a DDL
+# statement
+max_connections = 100
+max_prepared_transactions = 100
 # 2PC recovery when the test asks for it (recover_prepared_transactions)
 citus.recover_2pc_interval = -1
 citus.enable_statistics_collection = off
 });
+	# how the node's background jobs (the rebalancer) reach it: its socket
+	$n->append_conf('postgresql.conf', "citus.local_hostname = '" . $n->host . "'");
 	$n->start;
 	$n->safe_psql('postgres', 'CREATE EXTENSION citus');
-	push @nodes, $n;
+	return $n;
 }
+
+my @nodes = map { citus_node($_) } qw(coordinator worker1 worker2);
 my ($coord, $w1, $w2) = @nodes;
 my %worker = (worker1 => $w1, worker2 => $w2);
 
@@ -58,6 +67,9 @@ for my $w ($w1, $w2)
 $coord->safe_psql('postgres', q{
 	CREATE EXTENSION idempotency;
 	CREATE TABLE charges (merchant_id bigint NOT NULL, key text NOT NULL, amount int NOT NULL);
+	-- no key, so that a second charge of a key is counted, not refused; a
+	-- shard move by logical replication needs a replica identity
+	ALTER TABLE charges REPLICA IDENTITY FULL;
 	SELECT create_distributed_table('charges', 'merchant_id');
 });
 for my $w ($w1, $w2)
@@ -284,11 +296,28 @@ $w2->start;
 ($st, $status) = charge('down-1', $merchant{worker2});
 is("$st|$status", '00000|new', 'down-1: the retry after the worker is back is new');
 
+# ---- a worker added, the shards rebalanced onto it ----
+
+my $w3 = citus_node('worker3');
+push @nodes, $w3;
+$coord->safe_psql('postgres', sprintf(q{SELECT citus_add_node('%s', %d)}, $w3->host, $w3->port));
+is($w3->safe_psql('postgres', q{SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'}), '1',
+	'worker3: Citus created the extension on the added worker');
+($st) = try_sql($w3, 'postgres', q{SELECT * FROM idem_begin('charge', 'on-worker', NULL)});
+is($st, '0A000', 'worker3 refuses too');
+$coord->safe_psql('postgres', q{SELECT citus_rebalance_start(); SELECT citus_rebalance_wait()});
+cmp_ok($coord->safe_psql('postgres', sprintf(q{
+	SELECT count(*) FROM citus_shards WHERE table_name = 'charges'::regclass AND nodeport = %d}, $w3->port)),
+	'>', 0, 'the rebalance moved shards of charges onto worker3');
+($st, $status) = charge('after-rebalance', $merchant{worker1});
+is("$st|$status", '00000|new', 'after-rebalance: a new key is charged');
+
 # ---- every key: charged once, replayed from the coordinator ----
 
-my @keys = qw(plain-1 slow-1 sync-1 slow-2 down-done down-1);
+my @keys = qw(plain-1 slow-1 sync-1 slow-2 down-done down-1 after-rebalance);
 my %m = ('plain-1' => 'worker1', 'slow-1' => 'worker1', 'sync-1' => 'worker2',
-	'slow-2' => 'worker1', 'down-done' => 'worker2', 'down-1' => 'worker2');
+	'slow-2' => 'worker1', 'down-done' => 'worker2', 'down-1' => 'worker2',
+	'after-rebalance' => 'worker1');
 is($coord->safe_psql('postgres', q{
 	SELECT string_agg(key || ':' || n, ' ' ORDER BY key)
 	  FROM (SELECT key, count(*) AS n FROM charges WHERE key <> 'no-claim' GROUP BY key) c}),
@@ -297,7 +326,7 @@ for my $key (@keys)
 {
 	is(replay($key, $merchant{ $m{$key} }), 'replay|{"charged": true}', "$key replays");
 }
-for my $w ($w1, $w2)
+for my $w ($w1, $w2, $w3)
 {
 	is($w->safe_psql('postgres', 'SELECT count(*) FROM pg_prepared_xacts'), '0',
 		$w->name . ': no prepared transaction is left');
