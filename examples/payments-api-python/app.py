@@ -34,10 +34,12 @@ first attempt from storing its response.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import re
 from datetime import timedelta, timezone
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, Optional, Tuple
 
 import psycopg
 from fastapi import Depends, FastAPI, Request
@@ -86,10 +88,8 @@ def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=
                wait_timeout_ms: int = 10000, provider_delay_ms: int = 300,
                flaky_customers: Tuple[str, ...] = (), recovery: bool = False) -> FastAPI:
     """The API over the database the libpq environment names."""
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-
-    @app.on_event("startup")
-    async def start() -> None:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # the pools and the coordinator exist from here on; the route reads
         # the coordinator from app.state at each request
         pool = AsyncConnectionPool("", min_size=2, max_size=10, open=False, name="payments-api")
@@ -98,7 +98,6 @@ def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=
         provider_pool = AsyncConnectionPool("", min_size=2, max_size=10, open=False, name="provider")
         for p in (pool, claim_pool, provider_pool):
             await p.open(wait=True)
-        app.state.pools = (claim_pool, pool, provider_pool)
         app.state.pool = pool
         app.state.coordinator = idem.AsyncCoordinator(
             pool, claim_pool=claim_pool, in_flight=in_flight, lease=lease,
@@ -106,11 +105,19 @@ def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=
             takeover="session" if recovery else None)
         app.state.provider = Provider(provider_pool, delay_ms=provider_delay_ms,
                                       flaky_customers=flaky_customers)
+        try:
+            yield
+        finally:
+            for p in (claim_pool, pool, provider_pool):
+                await p.close()
 
-    @app.on_event("shutdown")
-    async def stop() -> None:
-        for p in app.state.pools:
-            await p.close()
+    if "lifespan" in inspect.signature(FastAPI).parameters:
+        app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None, lifespan=lifespan)
+    else:
+        # FastAPI before 0.93 (Debian 12 has 0.92) takes the lifespan on its
+        # Starlette router
+        app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+        app.router.lifespan_context = lifespan
 
     async def record(request: Request, result: Dict[str, Any], charge: ChargeIn,
                      idempotency_key: str) -> Response:

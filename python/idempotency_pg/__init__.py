@@ -8,7 +8,7 @@ Two coordinators with the same names and semantics:
 ``coordinator.claim(conn, ...)`` (the in-transaction shape);
 :func:`idempotent` is the same decorator bound to its coordinator at the
 call, so that a function can be decorated where it is defined.  The SQL
-contract is the extension's (README.md, "API reference"); this package only
+contract is the extension's (docs/api.md, "API reference"); this package only
 calls it.  ``idempotency_pg.fastapi`` maps it to HTTP.
 """
 
@@ -23,6 +23,9 @@ from .errors import (ExtensionVersionError, IdempotencyError, InProgressError, I
                      ResponseNotStoredError, ResponseTooLargeError, WaitTimeoutError, translate)
 from .fingerprint import fingerprint, text_form
 from .sync import Claim, Coordinator
+
+#: the version of this distribution, idempotency-pg (python/pyproject.toml)
+__version__ = "0.1.0"
 
 R = TypeVar("R")
 
@@ -71,7 +74,7 @@ def idempotent(operation: str, *, coordinator: Binding, fingerprint_params: Sequ
 
 
 __all__ = [
-    "AsyncClaim", "AsyncCoordinator", "AsyncIdempotentFunction", "Binding", "Claim", "ClaimState",
+    "__version__", "AsyncClaim", "AsyncCoordinator", "AsyncIdempotentFunction", "Binding", "Claim", "ClaimState",
     "Coordinator", "Duration", "ExtensionVersionError", "IdempotencyError", "IdempotentFunction",
     "InProgressError", "InvalidRequestError", "KeyReuseError", "LostClaimError", "OUTCOMES", "Outcome",
     "OutcomeHook", "REQUIRED_VERSION", "Record", "RecoveryNeededError", "ResponseExpiredError",

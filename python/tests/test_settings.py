@@ -1,6 +1,6 @@
 """The coordinator's idem_begin arguments: durations as seconds or
 timedelta, policies in any case, and NULL for what the caller did not give,
-so that the server's settings (README, "Settings") apply."""
+so that the server's settings (docs/settings.md, "Settings") apply."""
 
 from __future__ import annotations
 
@@ -87,3 +87,12 @@ def test_role_settings_apply_unless_given(admin: psycopg.Connection[Any]) -> Non
     finally:
         admin.execute(role + sql.SQL("RESET idempotency.lease"))
         admin.execute(role + sql.SQL("RESET idempotency.ttl"))
+
+
+def test_version_is_the_distribution_s() -> None:
+    """``__version__`` is the version pyproject.toml gives the distribution."""
+    import pathlib
+    import tomllib
+    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    with open(pyproject, "rb") as f:
+        assert idem.__version__ == tomllib.load(f)["project"]["version"]
