@@ -34,7 +34,7 @@ GRANT EXECUTE ON FUNCTION @extschema@.idem_stats_records() TO PUBLIC;
 GRANT SELECT ON @extschema@.idem_stats TO PUBLIC;
 
 /*
- * idem_monitor (README, "Monitoring"): every role's records, counted by
+ * idem_monitor (docs/operations.md, "Monitoring"): every role's records, counted by
  * role, operation and state.  A view reads the tables with its owner's
  * rights (the extension's owner), so its readers need no right on them;
  * its query is parsed here, once, so a reader's search_path plays no

@@ -1,5 +1,5 @@
 """Error responses: RFC 9457 problem details (application/problem+json).  The
-mapping of the Idempotency-Key's refusals to HTTP (README, "Errors and HTTP")
+mapping of the Idempotency-Key's refusals to HTTP (docs/errors.md, "Errors and HTTP")
 is idempotency_pg.fastapi's; this module adds the API's own problems (the
 provider, 404) and the text of every type, served at /problems/<slug>.  The
 same types and titles as examples/payments-api/problems.js, plus IK410

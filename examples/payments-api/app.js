@@ -40,7 +40,7 @@
 // statement also records a checkpoint saying the provider is about to be
 // called with the key, the retry's idem_begin then answers 'recover' with it,
 // and the new owner asks the provider for the charge made with the key
-// before charging (README, "When a worker dies").  The checkpoint makes the
+// before charging (docs/applications.md, "When a worker dies").  The checkpoint makes the
 // claim a logged write (in durability 'completed'), which roughly doubles
 // the server's CPU per new key: off by default.  Against 1.3, or with
 // RECOVERY=off, the claim is a plain leased one: a retry waits for the lease,
@@ -75,7 +75,7 @@ const problemType = (name) => `/problems/${name}`;
 
 // The fingerprint covers the fields that make a charge *this* charge, and
 // nothing else: a retry may legitimately carry another description or trace
-// id (README, "API reference").  The package computes it as
+// id (docs/api.md, "API reference").  The package computes it as
 // idem_fingerprint(customer, amount, currency) does on the server: amount is
 // an integer and the others are text, so the text forms depend on no setting.
 const FINGERPRINT = ['body.customer', 'body.amount', 'body.currency'];
@@ -262,7 +262,7 @@ function validateBody(req, res, next) {
 	return next();
 }
 
-// Retried on 40001 (README, "Errors and HTTP": under REPEATABLE READ the
+// Retried on 40001 (docs/errors.md, "Errors and HTTP": under REPEATABLE READ the
 // snapshot may not see a concurrent result; the retry replays it).
 // Autocommit statements run in READ COMMITTED unless the database says
 // otherwise.

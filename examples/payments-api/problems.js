@@ -1,7 +1,7 @@
 // Error responses of the API's own: RFC 9457 problem details
 // (application/problem+json), and the documentation of every problem type the
 // API answers, including those the idempotency-pg middleware sends for the
-// extension's SQLSTATEs (README, "Errors and HTTP"; node/README.md).
+// extension's SQLSTATEs (docs/errors.md, "Errors and HTTP"; node/README.md).
 //
 // The titles of the three Idempotency-Key problems are the ones the IETF
 // draft (draft-ietf-httpapi-idempotency-key-header, section 2.7) uses.  Each

@@ -6,7 +6,7 @@
 // ms in the scenarios of the README's Quick start), so an API process killed
 // meanwhile leaves a charge it never heard of, as with a real provider.
 //
-// The API passes the Idempotency-Key on (README, "From an application": "call
+// The API passes the Idempotency-Key on (docs/applications.md, "From an application": "call
 // the provider, passing the key on"), and the provider deduplicates by it,
 // as real payment providers do: a second call with the same key returns the
 // first charge and charges nothing.  Each call with a key is counted

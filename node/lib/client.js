@@ -4,7 +4,7 @@
 //
 // The claim's connection.  A claim made with takeover => 'session' belongs to
 // the database session that made it and lapses when that connection closes
-// (README, "When a worker dies").  node-pg closes pooled connections on its
+// (docs/applications.md, "When a worker dies").  node-pg closes pooled connections on its
 // own: pool.query() destroys its connection after any error (a duplicate's
 // IK409), and idleTimeoutMillis closes one left idle during a long action.
 // So begin() takes a connection with pool.connect(), claims on it, and a
@@ -14,7 +14,7 @@
 // A replay, or an error (IK409, IK422, ...), gives the connection back to
 // the pool at once (closed instead if it broke).
 //
-// Tokens are bigints above 2^53 (README, "Fencing tokens"), which a
+// Tokens are bigints above 2^53 (docs/durability.md, "Fencing tokens"), which a
 // JavaScript number cannot hold.  Every statement selects the token as text
 // (token::text) and sends it back as text ($3::bigint), so no type parser
 // touches it -- not even pg.types.setTypeParser(20, parseInt).  claim.token
@@ -240,7 +240,7 @@ class IdempotencyClient {
 					({ rows: [row] } = await conn.query(statement));
 					break;
 				} catch (err) {
-					// README, "Errors and HTTP": under REPEATABLE READ the snapshot
+					// docs/errors.md, "Errors and HTTP": under REPEATABLE READ the snapshot
 					// may not see a concurrent result; the retry replays it
 					if (err.code !== '40001' || attempt >= SERIALIZATION_RETRIES) {
 						throw err;

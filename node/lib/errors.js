@@ -1,5 +1,5 @@
 'use strict';
-// The extension's errors as classes (README, "Errors and HTTP").  Each
+// The extension's errors as classes (docs/errors.md, "Errors and HTTP").  Each
 // carries the SQLSTATE (`sqlstate`, also `code`), the server's DETAIL
 // (`detail`), the operation and key it was raised for, and the driver's
 // error as `cause`.  Errors of other SQLSTATEs, and connection errors, are

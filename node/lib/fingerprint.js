@@ -1,6 +1,6 @@
 'use strict';
 // idem_fingerprint(...) computed in JavaScript: the same 32 bytes as the
-// server's (README, "API reference").  The server hashes with SHA-256, for
+// server's (docs/api.md, "API reference").  The server hashes with SHA-256, for
 // each argument, a tag byte -- 0 for NULL, 1 for a value -- and, for a value,
 // the length in bytes of its text form as four bytes big-endian followed by
 // the text form (UTF-8).  So ('a', 'bc') and ('ab', 'c') differ, and so do
@@ -37,7 +37,7 @@ function textForm(value) {
 			return Object.is(value, -0) ? '0' : String(value);
 		}
 		throw new TypeError(`cannot fingerprint the number ${value}: only safe integers have one text form; ` +
-			'pass it as a string of a fixed format (README, "API reference")');
+			'pass it as a string of a fixed format (docs/api.md, "API reference")');
 	default:
 		throw new TypeError(`cannot fingerprint a ${value?.constructor?.name ?? typeof value}: its text form may ` +
 			'depend on session settings; pass it as a string of a fixed format');

@@ -9,7 +9,7 @@
 // accepted too, as long as it is one run of visible ASCII characters with no
 // quote, backslash, comma or semicolon (so it cannot be mistaken for a list
 // or for parameters).  Keys are at most 255 characters (the extension's
-// limit, README, "Errors and HTTP"): longer ones are a client error, reported
+// limit, docs/errors.md, "Errors and HTTP"): longer ones are a client error, reported
 // before anything is claimed.
 
 const MAX_KEY_LENGTH = 255;

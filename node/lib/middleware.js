@@ -1,7 +1,7 @@
 'use strict';
 // An express (or connect, or plain node:http) middleware for routes that take
 // an Idempotency-Key header (IETF draft-ietf-httpapi-idempotency-key-header),
-// mapping the extension's outcomes to HTTP as README, "Errors and HTTP" says:
+// mapping the extension's outcomes to HTTP as docs/errors.md, "Errors and HTTP" says:
 //
 //   key missing, empty, > 255 characters, malformed   400 problem+json
 //   replay          the stored status, allow-listed headers and body, plus
@@ -84,7 +84,7 @@ function sendStored(res, stored, replayed) {
 }
 
 // problemFor(err, { retryAfter }) -> the problem an API answers for an
-// error of begin / finish / abort (README, "Errors and HTTP")
+// error of begin / finish / abort (docs/errors.md, "Errors and HTTP")
 function problemFor(err, { retryAfter = 1 } = {}) {
 	if (err instanceof errors.InProgressError) {
 		return problem(409, 'request-in-progress', err.sqlstate === '57014'

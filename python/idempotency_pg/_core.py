@@ -383,7 +383,7 @@ def wait_duration(value: Duration) -> Optional[timedelta]:
 # A claim with a wait_timeout: one simple-protocol string, run as one
 # implicit transaction, so that the setting (local to it) ends with it,
 # committed or not; PostgreSQL arms statement_timeout for each statement of
-# the string as it starts (README, "API reference": a cancelled wait changes
+# the string as it starts (docs/api.md, "API reference": a cancelled wait changes
 # nothing).
 WAIT_PREFIX = "SELECT set_config('statement_timeout', %(wait_timeout)s, true); "
 
@@ -444,7 +444,7 @@ def store_unreachable(err: BaseException) -> bool:
 
 # ------------------------------------------------------------------ versions
 
-#: the extension version whose API this package needs (README, "Upgrading")
+#: the extension version whose API this package needs (docs/upgrading.md, "Upgrading")
 REQUIRED_VERSION = (1, 4)
 VERSION_SQL = ("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'idempotency')")
 
@@ -468,7 +468,7 @@ RECORD_SQL = ("SELECT state, token, created_at, lease_until, completed_at, expir
 
 @dataclass(frozen=True)
 class Record:
-    """``idem_inspect``'s row for a key (README, "Operations"), and
+    """``idem_inspect``'s row for a key (docs/api.md, "Operations"), and
     ``lease_remaining``: the time left of a pending claim's lease, by the
     server's clock (negative once it lapsed)."""
 
@@ -483,7 +483,7 @@ class Record:
 
 
 def serialization_retry(err: psycopg.Error, attempt: int) -> bool:
-    """Retry idem_begin after 40001 (README, "Errors and HTTP": the retry replays)?"""
+    """Retry idem_begin after 40001 (docs/errors.md, "Errors and HTTP": the retry replays)?"""
     return err.sqlstate == "40001" and attempt < SERIALIZATION_RETRIES
 
 

@@ -2,7 +2,7 @@
 
 The server hashes (SHA-256) each argument as a tag byte -- 0 for NULL, 1 for
 a value -- and, for a value, the length of its text form as four bytes
-big-endian followed by the text form (README, "API reference").  So
+big-endian followed by the text form (docs/api.md, "API reference").  So
 ``('a', 'bc')`` and ``('ab', 'c')`` differ, and so do ``None`` and ``''``.
 
 The text form of a Python value is the one PostgreSQL prints for the type

@@ -245,7 +245,7 @@ class Coordinator:
     dies": a ``'session'`` claim lapses when that session ends, so no idle
     timeout, ``max_lifetime`` or other call may close it meanwhile).  A
     waiting idem_begin holds its connection until the first attempt
-    finishes (README, "From an application"), which it does on its own
+    finishes (docs/applications.md, "From an application"), which it does on its own
     connection, so waiters never hold up a finish.  Pass a ``claim_pool``,
     or the coordinator makes one from ``pool``'s connection settings, of
     ``claim_pool_size`` connections (default: ``pool.max_size``), opened on

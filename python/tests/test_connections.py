@@ -1,5 +1,5 @@
 """An attempt keeps the connection that claimed until it finishes or aborts
-(README, "When a worker dies": a claim made with takeover => 'session' lapses
+(docs/applications.md, "When a worker dies": a claim made with takeover => 'session' lapses
 when its session ends).  Counted by how often the decorated function runs,
 with real concurrent calls against the real server."""
 

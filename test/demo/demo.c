@@ -173,7 +173,7 @@ static void die_if(const Request *req, Fault where, Response *resp);
 /* ---- handling a request ---- */
 
 /*
- * SQLSTATE -> HTTP status, as in README, "Errors and HTTP".  Anything else
+ * SQLSTATE -> HTTP status, as in docs/errors.md, "Errors and HTTP".  Anything else
  * is a 500.
  */
 static const struct

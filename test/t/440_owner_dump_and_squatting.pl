@@ -6,7 +6,7 @@
 #    which only superusers could), and the dump holds the application's
 #    tables and the records.  Restored by the owner into a database where a
 #    superuser created the extension, the application's tables come back and
-#    the records' data fails loudly (it needs a superuser, README "Backups");
+#    the records' data fails loudly (it needs a superuser, docs/operations.md "Backups");
 #    restored by a superuser, everything comes back and replays.
 # 2. An object created by the owner under the name of one of the extension's
 #    objects is never taken for it: the extension's objects are found by
