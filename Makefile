@@ -24,21 +24,30 @@ PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
 PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter \
 	-Wno-sign-compare -Wno-missing-field-initializers
 
-# pg_regress: sql/*.sql against expected/*.out, in this order (00_setup
-# creates the extension and the roles, 99_cleanup drops the roles)
+# pg_regress: test/regress/sql/*.sql against test/regress/expected/*.out,
+# in this order (00_setup creates the extension and the roles, 99_cleanup
+# drops the roles).  The results (results/, regression.diffs,
+# regression.out) stay where PGXS puts them, in the build directory, where
+# `make clean` and pg_buildext installcheck (which prints regression.diffs
+# on failure) look for them.
 REGRESS = 00_setup 10_claim 20_arguments 30_settings 40_fingerprint \
 	50_lease 60_admin 70_roles 80_batch 85_durability 87_monitoring 90_upgrade \
 	95_recovery 96_writes 97_names 98_forget 99_cleanup
+REGRESS_OPTS = --inputdir=$(testsrc)/test/regress
 
 # isolation tester: test/isolation/specs/*.spec against
 # test/isolation/expected/*.out, in this order (00-helpers creates the
-# helper functions the others use)
+# helper functions the others use); its results go to output_iso/
 ISOLATION = 00-helpers dup-committed dup-uncommitted fingerprint-mismatch \
 	inspect-uncommitted lease-renew lease-takeover relcache-inval repeatable-read \
 	role-namespace same-transaction sleep-vs-vacuum-full wait-cancel \
 	checkpoint-takeover finish-moves-record remember writer-new-index \
 	after-replay
-ISOLATION_OPTS = --inputdir=test/isolation
+ISOLATION_OPTS = --inputdir=$(testsrc)/test/isolation
+# the source tree, for the two --inputdir above: $(srcdir) (set by PGXS:
+# "./" in the tree, the VPATH or the -f Makefile's directory out of it)
+# without its trailing slash; expanded only where it is used
+testsrc = $(patsubst %/,%,$(srcdir))
 
 # TAP: test/t/*.pl
 TAP_TESTS = 1
