@@ -1,14 +1,31 @@
+# async {
 """The asyncio API: :class:`AsyncCoordinator` over a
-``psycopg_pool.AsyncConnectionPool``, and :class:`AsyncClaim`."""
+``psycopg_pool.AsyncConnectionPool``, and :class:`AsyncClaim`.
+
+tools/async_to_sync makes :mod:`idempotency_pg.sync`, the synchronous API,
+from this file (its header says how); what does not depend on the I/O style
+lives in :mod:`idempotency_pg._core`."""
+# }
+# sync {
+# """The synchronous API: :class:`Coordinator` over a ``psycopg_pool.ConnectionPool``,
+# and :class:`Claim`; the same names and semantics as the asyncio API.
+#
+# Made from :mod:`idempotency_pg.aio` by tools/async_to_sync: change aio.py
+# and run it.  What does not depend on the I/O style lives in
+# :mod:`idempotency_pg._core`."""
+# }
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # sync: del
 import functools
 import inspect
 import logging
+# sync {
+# import threading
+# }
 from datetime import timedelta
-from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple, TypeVar, cast
+from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple, TypeVar, cast  # sync: from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection
@@ -17,7 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import _core
 from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
-                    AsyncIdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)
+                    AsyncIdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)  # sync: ClaimState, IdempotentFunction, Outcome, Record, Settings, db_errors)
 from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
                      WaitTimeoutError)
 
@@ -28,9 +45,10 @@ Row = Tuple[Any, ...]
 
 async def _execute(conn: AsyncConnection[Any], sql: str, params: Any, prepare: Optional[bool],
                    wait: Optional[str] = None) -> Row:
+    # async {
     """One statement on ``conn``, its first row.  A cancelled call (task
     cancellation) cancels the statement in the server and closes the
-    connection, so that a waiting idem_begin does not go on waiting (README:
+    connection, so that a waiting idem_begin does not go on waiting (docs/api.md:
     a cancelled wait changes nothing); the pool replaces the connection.
     (A connection of the coordinator's serves one attempt at a time, so
     closing it ends no other attempt's claim.)  With ``wait`` (a
@@ -50,6 +68,20 @@ async def _execute(conn: AsyncConnection[Any], sql: str, params: Any, prepare: O
             finally:
                 await conn.close()
             raise
+    # }
+    # sync {
+    # """One statement on ``conn``, its first row.  (Ctrl-C cancels the
+    # statement in the server: psycopg does that for sync connections.)  With
+    # ``wait`` (a statement_timeout), the statement runs under it, in one
+    # string with the setting (``_core.WAIT_PREFIX``)."""
+    # with db_errors():
+    #     if wait is None:
+    #         cur = conn.execute(sql, params, prepare=prepare)
+    #     else:
+    #         cur = ClientCursor(conn)
+    #         cur.execute(_core.WAIT_PREFIX + sql, {**params, "wait_timeout": wait})
+    #         cur.nextset()
+    # }
         row = await cur.fetchone()
     assert row is not None
     return tuple(row)
@@ -61,12 +93,12 @@ async def _autocommit(pool: AsyncConnectionPool, sql: str, params: Any, prepare:
     async with pool.connection() as conn:
         if conn.autocommit:
             return await _execute(conn, sql, params, prepare)
-        await conn.set_autocommit(True)
+        await conn.set_autocommit(True)  # sync: conn.autocommit = True
         try:
             return await _execute(conn, sql, params, prepare)
         finally:
             if not conn.closed:
-                await conn.set_autocommit(False)
+                await conn.set_autocommit(False)  # sync: conn.autocommit = False
 
 
 async def _checkout(pool: AsyncConnectionPool) -> Tuple[AsyncConnection[Any], bool]:
@@ -76,7 +108,7 @@ async def _checkout(pool: AsyncConnectionPool) -> Tuple[AsyncConnection[Any], bo
     if conn.autocommit:
         return conn, False
     try:
-        await conn.set_autocommit(True)
+        await conn.set_autocommit(True)  # sync: conn.autocommit = True
     except BaseException:
         await pool.putconn(conn)
         raise
@@ -90,7 +122,7 @@ async def _checkin(pool: AsyncConnectionPool, conn: AsyncConnection[Any], switch
         if close and not conn.closed:
             await conn.close()
         elif switched and not conn.closed and not conn.broken:
-            await conn.set_autocommit(False)
+            await conn.set_autocommit(False)  # sync: conn.autocommit = False
     finally:
         await pool.putconn(conn)
 
@@ -100,10 +132,12 @@ async def _connect(pool: AsyncConnectionPool) -> AsyncConnection[Any]:
     pool: after a lost connection, the pool's idle ones may be lost too."""
     conninfo = pool_setting(pool.conninfo)
     given = pool_setting(pool.kwargs)
+    # async {
     if inspect.isawaitable(conninfo):
         conninfo = await conninfo
     if inspect.isawaitable(given):
         given = await given
+    # }
     kwargs: Dict[str, Any] = {**(given or {}), "autocommit": True}
     conn: AsyncConnection[Any] = await pool.connection_class.connect(conninfo, **kwargs)
     return conn
@@ -248,6 +282,7 @@ class AsyncClaim(ClaimState):
 
 
 class AsyncCoordinator:
+    # async {
     """Idempotency-Key semantics for asyncio code over an ``AsyncConnectionPool``.
 
     Claims run on ``claim_pool``, each attempt keeping the connection that
@@ -282,6 +317,43 @@ class AsyncCoordinator:
     ``idempotency_pg``).  The first call checks that the database's
     extension is recent enough (:class:`ExtensionVersionError`).
     """
+    # }
+    # sync {
+    # """Idempotency-Key semantics for synchronous code over a ``ConnectionPool``.
+    #
+    # Claims run on ``claim_pool``, each attempt keeping the connection that
+    # claimed checked out until it finishes or aborts, and running its
+    # ``finish``, ``abort`` and ``checkpoint`` there (README, "When a worker
+    # dies": a ``'session'`` claim lapses when that session ends, so no idle
+    # timeout, ``max_lifetime`` or other call may close it meanwhile).  A
+    # waiting idem_begin holds its connection until the first attempt
+    # finishes (docs/applications.md, "From an application"), which it does on its own
+    # connection, so waiters never hold up a finish.  Pass a ``claim_pool``,
+    # or the coordinator makes one from ``pool``'s connection settings, of
+    # ``claim_pool_size`` connections (default: ``pool.max_size``), opened on
+    # first use and closed by :meth:`close` (or ``async with coordinator``).
+    # It needs a connection per running attempt and per waiting duplicate.
+    # ``pool`` serves calls on a claim whose connection was let go.
+    #
+    # ``lease``, ``ttl`` and (extension 1.4) ``takeover``, ``remember`` are
+    # passed to every idem_begin when given; ``None`` (the default) sends NULL,
+    # so the server's settings apply (``idempotency.lease``, ...).  Durations
+    # are ``timedelta``, seconds (``int``, ``float``) or an interval's text;
+    # ``in_flight`` and ``takeover`` are taken in any case.  ``prepare``
+    # is psycopg's ``execute(prepare=)``: ``None`` prepares a statement after
+    # it has run a few times on a connection.
+    #
+    # ``wait_timeout`` (a ``timedelta`` or seconds) bounds how long a claim
+    # waits for another attempt holding the key: then it raises
+    # :class:`WaitTimeoutError` (an :class:`InProgressError`).
+    # ``on_outcome(operation, outcome)`` is called once per claim with its
+    # outcome (``_core.OUTCOMES``: ``"new"``, ``"replay"``, ``"recover"``,
+    # ``"in_progress"``, ``"key_reuse"``, ``"expired"``, ``"store_error"``),
+    # e.g. to count them; each is also logged at debug level (logger
+    # ``idempotency_pg``).  The first call checks that the database's
+    # extension is recent enough (:class:`ExtensionVersionError`).
+    # """
+    # }
 
     def __init__(self, pool: AsyncConnectionPool, *, in_flight: str = "wait",
                  lease: _core.Duration = None, ttl: _core.Duration = None,
@@ -300,7 +372,7 @@ class AsyncCoordinator:
         self._claim_pool = claim_pool
         self._own_claim_pool: Optional[AsyncConnectionPool] = None
         self._claim_pool_size = claim_pool_size
-        self._opening = asyncio.Lock()
+        self._opening = asyncio.Lock()  # sync: self._opening = threading.Lock()
         self._begin_sql = self.settings.begin_sql()
 
     async def __aenter__(self) -> "AsyncCoordinator":
@@ -437,6 +509,7 @@ class AsyncCoordinator:
 
     def claim(self, conn: AsyncConnection[Any], operation: str, key: str,
               fingerprint: Optional[bytes]) -> AsyncClaim:
+        # async {
         """The in-transaction shape: ``async with coordinator.claim(conn, ...)
         as c`` runs ``idem_begin`` on ``conn``, in its transaction.  On
         ``c.status == 'new'`` do the effect on ``conn`` and ``await
@@ -444,6 +517,16 @@ class AsyncCoordinator:
         roll back) is the caller's.  An exception out of the block with the
         claim unfinished aborts it if the transaction can still run
         statements.  Raises as :meth:`begin` does."""
+        # }
+        # sync {
+        # """The in-transaction shape: ``async with coordinator.claim(conn, ...)
+        # as c`` runs ``idem_begin`` on ``conn``, in its transaction.  On
+        # ``c.status == 'new'`` do the effect on ``conn`` and
+        # ``c.finish(result)``; on ``'replay'`` use ``c.response``.  Commit (or
+        # roll back) is the caller's.  An exception out of the block with the
+        # claim unfinished aborts it if the transaction can still run
+        # statements.  Raises as :meth:`begin` does."""
+        # }
         return AsyncClaim(self, operation, key, fingerprint, conn)
 
     def idempotent(self, operation: str, *, fingerprint_params: Sequence[str] = (),
@@ -452,7 +535,7 @@ class AsyncCoordinator:
                    lease: _core.Duration = None, ttl: _core.Duration = None, takeover: Optional[str] = None,
                    remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                    on_store_error: str = "raise"
-                   ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:
+                   ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:  # sync: ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
         """:func:`idempotent` bound to this coordinator (``coordinator=self``)."""
         return idempotent(operation, coordinator=self, fingerprint_params=fingerprint_params,
                           key_param=key_param, result_type=result_type, recover=recover,
@@ -466,7 +549,8 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                lease: _core.Duration = None, ttl: _core.Duration = None, takeover: Optional[str] = None,
                remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                on_store_error: str = "raise"
-               ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:
+               ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:  # sync: ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
+    # async {
     """Decorate an ``async def`` that takes the key as ``key_param``
     (default ``idempotency_key=``).
 
@@ -513,13 +597,68 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
     The wrapper raises what :meth:`AsyncCoordinator.begin` and
     :meth:`AsyncClaim.finish` raise.  ``wrapper.outcome(...)`` returns an
     :class:`Outcome` instead (the value and whether it was a replay)."""
+    # }
+    # sync {
+    # """Decorate a function that takes the key as ``key_param``
+    # (default ``idempotency_key=``).
+    #
+    # ``coordinator`` is an :class:`AsyncCoordinator`, or -- so that the
+    # function can be decorated where it is defined, before any pool exists --
+    # the name of the parameter that holds one at the call, with attributes
+    # (``"self.coordinator"``, ``"coordinator"``), or a callable returning it
+    # at the call (``lambda: app.state.coordinator``).
+    #
+    # With a key, the function runs once per key (the external-call shape:
+    # claim, call, finish) and every call returns an equal result: the first
+    # call's result as stored, restored to the function's return annotation
+    # (or ``result_type``) by :mod:`idempotency_pg.encoding` -- pydantic
+    # models, dataclasses, ``datetime``, ``UUID``, ``Decimal``.
+    # ``fingerprint_params`` names the arguments (or their attributes:
+    # ``"body.amount"``) that make the request *this* request (values of the
+    # types :func:`~idempotency_pg.fingerprint` takes).  With key ``None`` the
+    # function just runs.  An exception in the function aborts the claim and
+    # is re-raised: errors are not cached.  Inside the function,
+    # :func:`current_claim` is its claim (for ``checkpoint``).
+    #
+    # ``in_flight``, ``lease``, ``ttl``, ``takeover``, ``remember`` and
+    # ``wait_timeout`` override the coordinator's for this function
+    # (durations as ``timedelta`` or seconds).
+    #
+    # ``recover`` (extension 1.4): called as ``recover(state, *args,
+    # **kwargs)`` when the call took over a claim that
+    # had a checkpoint; its result is stored as the function's would be.
+    # Without it such a call raises :class:`RecoveryNeededError`.  Either
+    # way the claim is not aborted on failure: its checkpoint is kept for
+    # the next attempt.
+    #
+    # ``on_store_error``: what a call does when the store cannot be reached
+    # to claim the key (no connection, none in time): ``"raise"`` (the
+    # default: the call fails, nothing runs unguarded) or ``"run"``: the
+    # function runs without a claim, which is logged as a warning and
+    # reported as the outcome ``"store_error"``.
+    #
+    # A result that cannot be stored (not JSON, too large, the connection
+    # lost twice) raises :class:`ResponseNotStoredError` and is logged as
+    # an error; the claim is left pending with a checkpoint, so the next
+    # attempt gets ``'recover'``, never a silent second run.
+    #
+    # The wrapper raises what :meth:`AsyncCoordinator.begin` and
+    # :meth:`AsyncClaim.finish` raise.  ``wrapper.outcome(...)`` returns an
+    # :class:`Outcome` instead (the value and whether it was a replay)."""
+    # }
     overrides = _core.Overrides.make(in_flight, lease, ttl, takeover, remember, wait_timeout)
     fail_open = _core.policy("on_store_error", on_store_error, ("raise", "run")) == "run"
     path = coordinator if isinstance(coordinator, str) else None
 
-    def decorate(func: Callable[P, Awaitable[R]]) -> AsyncIdempotentFunction[P, R]:
+    def decorate(func: Callable[P, Awaitable[R]]) -> AsyncIdempotentFunction[P, R]:  # sync: def decorate(func: Callable[P, R]) -> IdempotentFunction[P, R]:
+        # async {
         if not asyncio.iscoroutinefunction(func):
             raise TypeError(f"{func.__qualname__} is not an async function: use Coordinator (idempotency_pg.sync)")
+        # }
+        # sync {
+        # if inspect.iscoroutinefunction(func):
+        #     raise TypeError(f"{func.__qualname__} is an async function: use idempotency_pg.aio.AsyncCoordinator")
+        # }
         spec = _core.CallSpec(func, fingerprint_params, key_param, path)
         results = _core.ResultCodec(func, result_type)
 
@@ -532,7 +671,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
             c = spec.coordinator(coordinator, bound)
             if not isinstance(c, AsyncCoordinator):
                 raise TypeError(f"the coordinator of {func.__qualname__} is a {type(c).__name__}, "
-                                "not an AsyncCoordinator")
+                                "not an AsyncCoordinator")  # sync: "not a Coordinator")
             try:
                 claim = await c._begin(operation, key, fp, overrides.apply(c.settings),
                                        overrides.wait_timeout or c.wait_timeout)
@@ -562,7 +701,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
 
         @functools.wraps(func)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return (await outcome(*args, **kwargs)).value
+            return (await outcome(*args, **kwargs)).value  # sync: return outcome(*args, **kwargs).value
 
         wrapper.outcome = outcome  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
@@ -570,7 +709,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
     return decorate
 
 
-async def _run_or_abort(claim: AsyncClaim, func: Callable[..., Awaitable[Any]],
+async def _run_or_abort(claim: AsyncClaim, func: Callable[..., Awaitable[Any]],  # sync: def _run_or_abort(claim: Claim, func: Callable[..., Any],
                         args: Tuple[Any, ...], kwargs: Any) -> Any:
     try:
         return await func(*args, **kwargs)
@@ -587,10 +726,15 @@ async def _recover(claim: AsyncClaim, recover: Optional[Callable[..., Any]],
     if recover is None:
         assert claim.token is not None
         raise RecoveryNeededError(claim.operation, claim.key, claim.token, claim.response)
+    # async {
     result = recover(claim.response, *args, **kwargs)
     if asyncio.iscoroutine(result):
         result = await result
     return result
+    # }
+    # sync {
+    # return recover(claim.response, *args, **kwargs)
+    # }
 
 
 async def _store(claim: AsyncClaim, result: Any) -> Any:

@@ -1,9 +1,10 @@
+# Generated from aio.py by tools/async_to_sync: do not edit.
 """The synchronous API: :class:`Coordinator` over a ``psycopg_pool.ConnectionPool``,
 and :class:`Claim`; the same names and semantics as the asyncio API.
 
-This file mirrors :mod:`idempotency_pg.aio` line by line (as psycopg keeps its
-sync and async classes): a change to one is made to the other.  What does not
-depend on the I/O style lives in :mod:`idempotency_pg._core`."""
+Made from :mod:`idempotency_pg.aio` by tools/async_to_sync: change aio.py
+and run it.  What does not depend on the I/O style lives in
+:mod:`idempotency_pg._core`."""
 
 from __future__ import annotations
 
@@ -508,7 +509,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
 
     def decorate(func: Callable[P, R]) -> IdempotentFunction[P, R]:
         if inspect.iscoroutinefunction(func):
-            raise TypeError(f"{func.__qualname__} is an async function: use AsyncCoordinator")
+            raise TypeError(f"{func.__qualname__} is an async function: use idempotency_pg.aio.AsyncCoordinator")
         spec = _core.CallSpec(func, fingerprint_params, key_param, path)
         results = _core.ResultCodec(func, result_type)
 
