@@ -168,6 +168,17 @@ class ClaimState:
 _current: ContextVar[Optional[ClaimState]] = ContextVar("idempotency_pg_current_claim", default=None)
 
 
+@contextlib.contextmanager
+def running(claim: ClaimState) -> Iterator[None]:
+    """The decorated call runs for ``claim``: :func:`current_claim` returns
+    it until the block ends (aio.py and sync.py use this)."""
+    reset = _current.set(claim)
+    try:
+        yield
+    finally:
+        _current.reset(reset)
+
+
 def current_claim() -> Any:
     """The claim of the decorated call running in this context (asyncio task
     or thread): an :class:`~idempotency_pg.AsyncClaim` or a

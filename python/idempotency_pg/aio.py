@@ -685,14 +685,11 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
             if claim.status == "replay":
                 return Outcome(results.decode(claim.response), True)
             try:
-                reset = _core._current.set(claim)
-                try:
+                with _core.running(claim):
                     if claim.status == "recover":
                         result = await _recover(claim, recover, args, kwargs)
                     else:
                         result = await _run_or_abort(claim, func, args, kwargs)
-                finally:
-                    _core._current.reset(reset)
                 stored = await _store(claim, result)
             finally:
                 # a claim left pending: its connection is closed

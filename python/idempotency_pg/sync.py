@@ -536,14 +536,11 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
             if claim.status == "replay":
                 return Outcome(results.decode(claim.response), True)
             try:
-                reset = _core._current.set(claim)
-                try:
+                with _core.running(claim):
                     if claim.status == "recover":
                         result = _recover(claim, recover, args, kwargs)
                     else:
                         result = _run_or_abort(claim, func, args, kwargs)
-                finally:
-                    _core._current.reset(reset)
                 stored = _store(claim, result)
             finally:
                 # a claim left pending: its connection is closed
