@@ -14,6 +14,7 @@ from conftest import new_key, record_state, wait_for, waiting_claims
 from psycopg_pool import ConnectionPool
 
 import idempotency_pg as idem
+from test_async import Charge
 
 OP = "payment.charge"
 
@@ -128,3 +129,35 @@ def test_checkpoint_and_recover(admin: psycopg.Connection[Any], pool: Connection
         assert saga.outcome(idempotency_key=key) == idem.Outcome({"resumed": {"step": 2}}, False)
         with pytest.raises(idem.LostClaimError):
             dead.finish("late")
+
+
+def test_result_type_pydantic(pool: ConnectionPool) -> None:
+    """A pydantic result is stored as JSON and restored as the model on replay."""
+    with idem.Coordinator(pool) as coordinator:
+        provider = Provider()
+
+        @coordinator.idempotent(operation=OP, fingerprint_params=("amount",), result_type=Charge)
+        def charge(amount: int, *, idempotency_key: str) -> Charge:
+            return Charge(**provider.charge("o", amount, idempotency_key))
+
+        key = new_key("sync-model")
+        first = charge(7, idempotency_key=key)
+        replay = charge(7, idempotency_key=key)
+        assert isinstance(replay, Charge) and first == replay == Charge(id="ch_1", amount=7)
+        assert len(provider.calls) == 1
+
+
+def test_1_4_begin_arguments(admin: psycopg.Connection[Any], pool: ConnectionPool, needs_1_4: None) -> None:
+    """1.4: takeover and remember are passed to idem_begin (the server
+    accepts the remember); the 'session' claim lapses as soon as its
+    connection closes, long before its lease."""
+    with idem.Coordinator(pool, takeover="session", remember=timedelta(days=7),
+                          lease=timedelta(hours=1)) as coordinator:
+        key = new_key("sync-args")
+        claim = coordinator.begin("op.args", key, idem.fingerprint())
+        assert claim.status == "new"
+        claim.abandon()
+        wait_for("the session claim lapses", lambda: record_state(admin, "op.args", key) == "lapsed")
+        again = coordinator.begin("op.args", key, idem.fingerprint())
+        assert again.status == "new"
+        assert again.finish(1) == 1
