@@ -52,9 +52,9 @@
  */
 static Oid	extension_oid = InvalidOid;
 static Oid	record_relid = InvalidOid;
-static Oid	result_relid = InvalidOid;	/* InvalidOid in a schema older than 1.3 */
+static Oid	result_relid = InvalidOid;	/* InvalidOid in a schema without idem_result */
 static Oid	token_seqid = InvalidOid;
-static Oid	epoch_seqid = InvalidOid;	/* InvalidOid in a schema older than 1.2 */
+static Oid	epoch_seqid = InvalidOid;	/* InvalidOid in a schema without it */
 static char result_persistence = 0; /* idem_result's; 0: not looked up */
 
 static void
@@ -234,7 +234,7 @@ idem_catalog_table(Oid fn_oid, const char *name)
 	return member_relid(extension_oid, get_rel_namespace(record_relid), name);
 }
 
-/* idem_result, or InvalidOid in a schema older than 1.3 */
+/* idem_result, or InvalidOid in a schema without it */
 Oid
 idem_catalog_result_relid(Oid fn_oid)
 {

@@ -456,8 +456,8 @@ static Oid	result_type = InvalidOid;
 
 /*
  * idem_begin(operation, key, fingerprint, in_flight, lease, ttl
- *			  [, takeover, remember]): the SQL function of a schema older than
- * 1.4 has the first six arguments only.
+ *			  [, takeover, remember]): the SQL function of a schema without
+ * takeover and remember has the first six arguments only.
  */
 Datum
 idem_begin(PG_FUNCTION_ARGS)

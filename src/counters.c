@@ -66,9 +66,9 @@ StaticAssertDecl(lengthof(counter_defs) == IDEM_NUM_COUNTERS,
 				 "every IdemCounter needs its line in counter_defs");
 
 /*
- * idem_counters() as the SQL of 1.1 to 1.3 declares it has these columns,
- * in this order, then stats_reset; as that of 1.4 on declares it, the
- * counters in IdemCounter's order (1.4's stop before forgotten), then
+ * idem_counters() as the oldest SQL declares it has these columns, in
+ * this order, then stats_reset; as newer SQL declares it, the counters in
+ * IdemCounter's order (all of them, or those before forgotten), then
  * stats_reset.
  */
 static const IdemCounter counters_v11[] = {
@@ -80,7 +80,7 @@ static const IdemCounter counters_v11[] = {
 
 #define COUNTERS_COLS	(IDEM_NUM_COUNTERS + 1)
 #define COUNTERS_COLS_1_1	(lengthof(counters_v11) + 1)
-/* as the SQL of 1.4 declares it: the counters before forgotten */
+/* the SQL without forgotten: the counters before it */
 #define COUNTERS_COLS_1_4	(IDEM_COUNT_FORGOTTEN + 1)
 
 /* idem_monitor_counters(): counter, value */

@@ -157,7 +157,7 @@ record_mode(Oid fn_oid, IdemDurability mode)
 	Datum		args[1];
 
 	if (!OidIsValid(relid))
-		return;					/* a schema older than 1.4 has no idem_mode */
+		return;					/* a schema without idem_mode records no mode */
 	table = idem_qualified_name(relid);
 	args[0] = CStringGetTextDatum(durability_names[mode]);
 	idem_run_sql(psprintf("DELETE FROM %s", table), 0, NULL, NULL, SPI_OK_DELETE);
@@ -181,7 +181,7 @@ switch_tables(Oid fn_oid, IdemDurability mode)
 
 	if (!OidIsValid(result_relid))
 	{
-		/* a schema older than 1.3: one table */
+		/* a schema without idem_result: one table */
 		idem_run_sql(psprintf("ALTER TABLE %s SET %s", records,
 						 mode == IDEM_DURABILITY_NONE ? "UNLOGGED" : "LOGGED"),
 				0, NULL, NULL, SPI_OK_UTILITY);

@@ -30,8 +30,8 @@ PG_FUNCTION_INFO_V1(idem_stats_records);
 
 /*
  * Columns of idem_stats_records() and of idem_inspect(), as the SQL of each
- * version declares them: idem_inspect has three more from 1.4 on,
- * idem_stats_records one more (remembered) from 1.5 on.
+ * schema declares them: idem_inspect has 9 or 12 (checkpoint, takeovers
+ * and remembered_until last), idem_stats_records 5 or 6 (remembered last).
  */
 #define STATS_COLS_1_1	5
 #define STATS_COLS		6
@@ -74,7 +74,7 @@ emit_group(StatsState *st)
 	values[0] = PointerGetDatum(st->operation);
 	for (int i = 0; i < natts - 1; i++)
 		values[i + 1] = Int64GetDatum(st->counts[i]);
-	/* the definition of 1.1 to 1.4 counts remembered records as expired */
+	/* the definition without remembered counts them as expired */
 	if (natts == STATS_COLS_1_1)
 		values[1 + STATS_EXPIRED] =
 			Int64GetDatum(st->counts[STATS_EXPIRED] + st->counts[STATS_REMEMBERED]);

@@ -142,7 +142,7 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
  * The durability mode the tables' persistence makes -- the one definition
  * of it: 'completed' when idem_result is logged and idem_record is not
  * (a finish then moves a record to idem_result), otherwise idem_record's
- * persistence alone.  results: idem_result's persistence, 0 before 1.3.
+ * persistence alone.  results: idem_result's persistence, 0 without one.
  */
 IdemDurability
 idem_tables_mode(char records, char results)
@@ -212,8 +212,8 @@ idem_store_close(IdemStore *store, bool release)
 }
 
 /*
- * A store opened on a schema older than 1.2 has no epoch sequence -- unless
- * an update to 1.2 committed after the look-up: lock the token sequence as
+ * A store opened on a schema without an epoch sequence finds none -- unless
+ * an update that adds it committed after the look-up: lock the token sequence as
  * nextval() would, which also takes in that update's invalidations, and
  * look again.
  */

@@ -26,7 +26,8 @@
 
 /*
  * The columns of both tables, found by name (shape.c): a DBA may add
- * columns of their own.  A schema older than 1.4 lacks the last four.
+ * columns of their own.  A schema without session claims and checkpoints
+ * lacks the last four.
  */
 typedef enum IdemColumn
 {
@@ -65,14 +66,14 @@ typedef struct IdemStore
 	Relation	index[IDEM_NUM_TABLES];	/* each table's primary key */
 	IdemShape	shape[IDEM_NUM_TABLES];	/* each table's columns */
 	bool		hidden[IDEM_NUM_TABLES];	/* unlogged, during recovery */
-	int			ntables;		/* 1 in a schema older than 1.3 */
+	int			ntables;		/* 1 in a schema without idem_result */
 	Oid			result_relid;	/* idem_result; its heap[] is NULL until used */
 	bool		split;			/* mode 'completed': results to idem_result */
 	LOCKMODE	lockmode;		/* of all of them */
 	Oid			fn_oid;			/* the SQL function that opened them */
 	Oid			extension;		/* the extension that owns them */
 	Oid			token_seq;		/* idem_token_seq: the count */
-	Oid			epoch_seq;		/* idem_token_epoch; InvalidOid before 1.2 */
+	Oid			epoch_seq;		/* idem_token_epoch; InvalidOid without one */
 } IdemStore;
 
 /* One record's columns, plus what the fetch learned about its version */

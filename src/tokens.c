@@ -59,7 +59,7 @@
  * timeline with the recorded one and pick the band its primary picked.
  * So idem_token_cluster records the system identifier of the cluster
  * that started the last epoch.  An epoch recorded by another cluster (or
- * in a schema older than 1.4, which has no idem_token_cluster) starts a
+ * in a schema without idem_token_cluster) starts a
  * new history: the band goes
  * up by the whole current timeline, whatever the recorded one was.  A
  * promoted standby shares its primary's identifier and has a greater
@@ -331,7 +331,7 @@ idem_next_token(IdemStore *store)
 	int64		value;
 	int			bits;
 
-	/* a schema older than 1.2 -- unless an update to 1.2 committed since */
+	/* a schema without an epoch sequence -- unless an update added it since */
 	if (!OidIsValid(store->epoch_seq))
 		idem_store_find_epoch_seq(store);
 	if (!OidIsValid(store->epoch_seq))
@@ -343,7 +343,7 @@ idem_next_token(IdemStore *store)
 
 	for (;;)
 	{
-		/* the layout after the draw: an update to 1.3 cannot come between */
+		/* the layout after the draw: an update of the layout cannot come between */
 		value = nextval_internal(store->token_seq, false);
 		bits = count_bits(store);
 		if (token_in_epoch(value, bits))
