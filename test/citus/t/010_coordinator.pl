@@ -199,6 +199,21 @@ for my $name (sort keys %worker)
 			DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();});
 }
 
+# how many prepared transactions $node holds
+sub prepared
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres', 'SELECT count(*) FROM pg_prepared_xacts');
+}
+
+# start the coordinator after its crash, and let Citus settle the prepared
+# transactions it left on the workers
+sub restart_and_recover
+{
+	$coord->start;
+	$coord->safe_psql('postgres', 'SELECT recover_prepared_transactions()');
+}
+
 # wait until $node has a backend in the wait event $event; then until it has none
 sub wait_event
 {
@@ -234,11 +249,9 @@ wait_event($w1, 'PgSleep', 1);
 $coord->stop('immediate');
 $s->{run}->kill_kill;
 wait_commits_done($w1);
-is($w1->safe_psql('postgres', 'SELECT count(*) FROM pg_prepared_xacts'), '1',
-	'slow-1: the worker is left with the prepared transaction, not a commit');
-$coord->start;
-$coord->safe_psql('postgres', 'SELECT recover_prepared_transactions()');
-is($w1->safe_psql('postgres', 'SELECT count(*) FROM pg_prepared_xacts'), '0',
+is(prepared($w1), '1', 'slow-1: the worker is left with the prepared transaction, not a commit');
+restart_and_recover();
+is(prepared($w1), '0',
 	'slow-1: recovery rolled it back (the coordinator never committed)');
 is(charges('slow-1'), '0', 'slow-1: no charge without the claim');
 ($st, $status) = charge('slow-1', $merchant{worker1});
@@ -256,11 +269,9 @@ wait_event($coord, 'SyncRep', 1);
 $coord->adjust_conf('postgresql.conf', 'synchronous_standby_names', "''");
 $coord->stop('immediate');
 $s->{run}->kill_kill;
-is($w2->safe_psql('postgres', 'SELECT count(*) FROM pg_prepared_xacts'), '1',
-	'sync-1: the worker holds the prepared transaction');
-$coord->start;
-$coord->safe_psql('postgres', 'SELECT recover_prepared_transactions()');
-is($w2->safe_psql('postgres', 'SELECT count(*) FROM pg_prepared_xacts'), '0',
+is(prepared($w2), '1', 'sync-1: the worker holds the prepared transaction');
+restart_and_recover();
+is(prepared($w2), '0',
 	'sync-1: recovery committed it (the coordinator had committed)');
 is(charges('sync-1'), '1', 'sync-1: charged once');
 is(replay('sync-1', $merchant{worker2}), 'replay|{"charged": true}', 'sync-1: the result survived the crash');
@@ -328,8 +339,7 @@ for my $key (@keys)
 }
 for my $w ($w1, $w2, $w3)
 {
-	is($w->safe_psql('postgres', 'SELECT count(*) FROM pg_prepared_xacts'), '0',
-		$w->name . ': no prepared transaction is left');
+	is(prepared($w), '0', $w->name . ': no prepared transaction is left');
 	is($w->safe_psql('postgres', "SELECT count(*) FROM $IDEM_RECORDS r"), '0',
 		$w->name . ': no record on the worker');
 }
