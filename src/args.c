@@ -20,7 +20,6 @@
 
 #include <limits.h>
 
-#include "access/xact.h"
 #include "common/hashfn.h"
 #include "common/int.h"
 #include "fmgr.h"
@@ -28,7 +27,6 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
-#include "utils/guc_tables.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -287,28 +285,21 @@ idem_response_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 /* ---- settings ---- */
 
 /*
- * Settings given before the library was loaded (SET in a session that has
- * not called an idem_* function yet, ALTER ROLE ... SET, postgresql.conf
- * without preloading) are placeholders that PostgreSQL checks only when the
- * library defines them, and an invalid one then becomes a WARNING and the
- * default.  Running with another policy than the one asked for is worse
- * than failing: such a value is remembered here, and every call fails with
- * 22023 until the setting is given a valid value.
+ * The library belongs in shared_preload_libraries or
+ * session_preload_libraries (the README says so): then every SET is checked
+ * when it is made.  A value given before the library is loaded
+ * (postgresql.conf, ALTER ROLE ... SET, or a SET in a session that has not
+ * called an idem_* function yet) is a placeholder that PostgreSQL checks only
+ * when the library defines the setting, and an invalid one then becomes a
+ * WARNING and the default.  Running with another policy than the one asked
+ * for is worse than failing: such a value is remembered, and every call
+ * fails with 22023 until the setting is assigned again (SET or RESET).
  */
 typedef struct CheckedSetting
 {
 	const char *name;
 	char	   *placeholder;	/* its value before the library was loaded */
-	char	   *invalid_value;	/* that value, if invalid; NULL: valid */
-
-	/*
-	 * A placeholder set in the transaction that loads the library (SET, SET
-	 * LOCAL) is undone by a rollback, and a SET LOCAL by a commit too: the
-	 * value the setting has once that transaction ends.
-	 */
-	bool		in_transaction;
-	char	   *at_commit;		/* NULL: the default */
-	char	   *at_abort;
+	char	   *invalid_value;	/* that value, if invalid */
 } CheckedSetting;
 
 enum
@@ -335,16 +326,15 @@ static CheckedSetting checked[NUM_CHECKED_SETTINGS] = {
 static bool defining = false;
 
 /*
- * A valid value was assigned: whatever was given before no longer counts.
- * (Defining a setting assigns its default first: that does not count.)
+ * A value was assigned: whatever was given before no longer counts.
+ * (Defining a setting assigns its default and then the placeholder's value
+ * if valid: that does not count.)
  */
 static void
 forget_placeholder(int i)
 {
-	if (defining)
-		return;
-	checked[i].invalid_value = NULL;
-	checked[i].in_transaction = false;
+	if (!defining)
+		checked[i].invalid_value = NULL;
 }
 
 static void
@@ -392,109 +382,24 @@ idem_check_settings(void)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("invalid value for parameter \"%s\": \"%s\"",
 							checked[i].name, checked[i].invalid_value),
-					 errdetail("The value was set before the idempotency library was loaded, so it could not be checked when it was set."),
-					 errhint("Set a valid value, or RESET the parameter.")));
-}
-
-static char *
-keep_string(const char *value)
-{
-	return value == NULL ? NULL : MemoryContextStrdup(TopMemoryContext, value);
-}
-
-/* A placeholder's entry in the server's table of settings */
-static struct config_generic *
-placeholder_entry(const char *name)
-{
-#if PG_VERSION_NUM >= 160000
-	return find_option(name, false, true, DEBUG1);
-#else
-	struct config_generic **vars = get_guc_variables();
-	int			n = GetNumConfigOptions();
-
-	for (int i = 0; i < n; i++)
-		if (pg_strcasecmp(vars[i]->name, name) == 0)
-			return vars[i];
-	return NULL;
-#endif
+					 errdetail("The value was given before the idempotency library was loaded, so it could not be checked when it was given."),
+					 errhint("Set a valid value or RESET the parameter. Load the library with session_preload_libraries so that values are checked when they are set.")));
 }
 
 /*
- * Before the settings are defined: remember the placeholders' values, and
- * for one set in this transaction, what it will be once the transaction
- * ends (its newest change decides, as at the end of a transaction that
- * did not nest: SET keeps it, SET LOCAL gives back the value before it;
- * a rollback gives back the value before the transaction).
+ * Before the settings are defined: the placeholders' values.  PostgreSQL
+ * applies each when it defines the setting, or warns and keeps the default.
  */
 static void
 remember_placeholders(void)
 {
 	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
 	{
-		CheckedSetting *c = &checked[i];
-		const char *value = GetConfigOption(c->name, true, false);
-		struct config_generic *entry;
-		GucStack   *oldest;
+		const char *value = GetConfigOption(checked[i].name, true, false);
 
-		if (value == NULL)
-			continue;
-		c->placeholder = keep_string(value);
-		entry = placeholder_entry(c->name);
-		if (entry == NULL || entry->stack == NULL || entry->vartype != PGC_STRING)
-			continue;
-
-		c->in_transaction = true;
-		for (oldest = entry->stack; oldest->prev != NULL; oldest = oldest->prev)
-			;
-		c->at_abort = keep_string(oldest->prior.val.stringval);
-		switch (entry->stack->state)
-		{
-			case GUC_SET:
-				c->at_commit = keep_string(value);
-				break;
-			case GUC_SET_LOCAL:
-				c->at_commit = keep_string(entry->stack->masked.val.stringval);
-				break;
-			default:
-				c->at_commit = keep_string(entry->stack->prior.val.stringval);
-				break;
-		}
+		if (value != NULL)
+			checked[i].placeholder = MemoryContextStrdup(TopMemoryContext, value);
 	}
-}
-
-/* Would value (NULL: the default) be accepted for the setting? */
-static bool
-setting_valid(const char *name, const char *value)
-{
-	return value == NULL ||
-		set_config_option(name, value, PGC_SUSET, PGC_S_SESSION,
-						  GUC_ACTION_SET, false, DEBUG1, false) != 0;
-}
-
-/* The loading transaction has ended: what counts now is what it left */
-static void
-settle_placeholders(XactEvent event, void *arg)
-{
-	bool		commit;
-
-	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT)
-		commit = true;
-	else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
-		commit = false;
-	else
-		return;
-
-	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
-	{
-		CheckedSetting *c = &checked[i];
-		char	   *value = commit ? c->at_commit : c->at_abort;
-
-		if (!c->in_transaction)
-			continue;
-		c->in_transaction = false;
-		c->invalid_value = setting_valid(c->name, value) ? NULL : value;
-	}
-	UnregisterXactCallback(settle_placeholders, NULL);
 }
 
 /*
@@ -505,18 +410,15 @@ settle_placeholders(XactEvent event, void *arg)
 static void
 check_placeholders(void)
 {
-	bool		any_in_transaction = false;
-
 	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
 	{
 		char	   *value = checked[i].placeholder;
 
-		if (value != NULL && !setting_valid(checked[i].name, value))
+		if (value != NULL &&
+			set_config_option(checked[i].name, value, PGC_SUSET, PGC_S_SESSION,
+							  GUC_ACTION_SET, false, DEBUG1, false) == 0)
 			checked[i].invalid_value = value;
-		any_in_transaction |= checked[i].in_transaction;
 	}
-	if (any_in_transaction && IsTransactionState())
-		RegisterXactCallback(settle_placeholders, NULL);
 }
 
 static const struct config_enum_entry in_flight_options[] = {
