@@ -38,8 +38,9 @@ import contextlib
 import inspect
 import os
 import re
+from collections.abc import AsyncIterator
 from datetime import timedelta, timezone
-from typing import Any, AsyncIterator, Dict, Optional, Tuple
+from typing import Any
 
 import psycopg
 from fastapi import Depends, FastAPI, Request
@@ -69,7 +70,7 @@ class ChargeIn(BaseModel):
     customer: StrictStr
     amount: StrictInt
     currency: StrictStr
-    description: Optional[StrictStr] = None
+    description: StrictStr | None = None
 
 
 def valid_charge(charge: ChargeIn) -> ChargeIn:
@@ -86,7 +87,7 @@ def valid_charge(charge: ChargeIn) -> ChargeIn:
 
 def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=30),
                wait_timeout_ms: int = 10000, provider_delay_ms: int = 300,
-               flaky_customers: Tuple[str, ...] = (), recovery: bool = False) -> FastAPI:
+               flaky_customers: tuple[str, ...] = (), recovery: bool = False) -> FastAPI:
     """The API over the database the libpq environment names."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -119,7 +120,7 @@ def create_app(*, in_flight: str = "wait", lease: timedelta = timedelta(seconds=
         app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
         app.router.lifespan_context = lifespan
 
-    async def record(request: Request, result: Dict[str, Any], charge: ChargeIn,
+    async def record(request: Request, result: dict[str, Any], charge: ChargeIn,
                      idempotency_key: str) -> Response:
         """The API's own record of the charge the provider made, and the
         response (a retry that gets the same charge from the provider

@@ -7,14 +7,14 @@ same types and titles as examples/payments-api/problems.js, plus IK410
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 from starlette.responses import Response
 
 from idempotency_pg.fastapi import problem_response
 from idempotency_pg.http import Problem
 
-PROBLEM_TYPES: Dict[str, Dict[str, str]] = {
+PROBLEM_TYPES: dict[str, dict[str, str]] = {
     "idempotency-key-missing": {
         "title": "Idempotency-Key is missing",
         "doc": "POST /charges requires an Idempotency-Key header: a unique string of 1 to 255 printable "
@@ -57,8 +57,8 @@ PROBLEM_TYPES: Dict[str, Dict[str, str]] = {
 PROBLEM_BASE = "/problems/"
 
 
-def problem(status: int, type_: str, detail: str, *, extra: Optional[Dict[str, Any]] = None,
-            headers: Optional[Dict[str, str]] = None) -> Response:
+def problem(status: int, type_: str, detail: str, *, extra: dict[str, Any] | None = None,
+            headers: dict[str, str] | None = None) -> Response:
     """An application/problem+json response of the API's own (the
     integration makes those of the Idempotency-Key)."""
     return problem_response(Problem(status, type_, detail, extra=extra or {}, headers=headers or {},

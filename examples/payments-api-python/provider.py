@@ -16,8 +16,9 @@ times out without charging: errors must not be cached."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from datetime import timezone
-from typing import Any, Dict, Iterable, Optional, Set, Tuple
+from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -40,10 +41,10 @@ class Provider:
         self.pool = pool
         self.delay_ms = delay_ms
         self.flaky = set(flaky_customers)
-        self.failed_once: Set[str] = set()
+        self.failed_once: set[str] = set()
 
     async def find(self, idempotency_key: str, customer: str, amount: int,
-                   currency: str) -> Optional[Dict[str, Any]]:
+                   currency: str) -> dict[str, Any] | None:
         """The charge made with this key, or ``None`` (a real provider's
         "list charges by idempotency key"); it charges nothing."""
         async with self.pool.connection() as conn:
@@ -51,7 +52,7 @@ class Provider:
             row = await cur.fetchone()
         return None if row is None else self._answer(row, idempotency_key, customer, amount, currency)
 
-    async def charge(self, idempotency_key: str, customer: str, amount: int, currency: str) -> Dict[str, Any]:
+    async def charge(self, idempotency_key: str, customer: str, amount: int, currency: str) -> dict[str, Any]:
         """Charge, or return the charge already made with this key;
         returns ``{"id": "ch_N", "created": ISO time}``.  Raises ProviderError."""
         if customer in self.flaky and idempotency_key not in self.failed_once:
@@ -66,8 +67,8 @@ class Provider:
         return self._answer(row, idempotency_key, customer, amount, currency)
 
     @staticmethod
-    def _answer(row: Tuple[Any, ...], idempotency_key: str, customer: str, amount: int,
-                currency: str) -> Dict[str, Any]:
+    def _answer(row: tuple[Any, ...], idempotency_key: str, customer: str, amount: int,
+                currency: str) -> dict[str, Any]:
         """The provider's answer for its ledger row ``row``."""
         if (row[2], row[3], row[4]) != (customer, amount, currency):
             raise ProviderError(f"provider: key {idempotency_key} was used for another charge")

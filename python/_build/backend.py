@@ -13,13 +13,13 @@ import tarfile
 import tomllib
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "idempotency_pg"
 
 
-def _project() -> Dict[str, Any]:
+def _project() -> dict[str, Any]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
@@ -40,7 +40,7 @@ def _dist_name() -> str:
     return f"{p['name'].replace('-', '_')}-{p['version']}"
 
 
-def _files() -> List[Path]:
+def _files() -> list[Path]:
     return sorted(f for f in (ROOT / PACKAGE).rglob("*")
                   if f.is_file() and "__pycache__" not in f.parts)
 
@@ -49,12 +49,12 @@ def _hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def build_wheel(wheel_directory: str, config_settings: Optional[Dict[str, Any]] = None,
-                metadata_directory: Optional[str] = None) -> str:
+def build_wheel(wheel_directory: str, config_settings: dict[str, Any] | None = None,
+                metadata_directory: str | None = None) -> str:
     """Write the wheel into ``wheel_directory``; return its file name."""
     name = _dist_name()
     info = f"{name}.dist-info"
-    entries: List[Tuple[str, bytes]] = [(f.relative_to(ROOT).as_posix(), f.read_bytes()) for f in _files()]
+    entries: list[tuple[str, bytes]] = [(f.relative_to(ROOT).as_posix(), f.read_bytes()) for f in _files()]
     entries.append((f"{info}/METADATA", _metadata().encode()))
     entries.append((f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: idempotency_pg _build\n"
                                      b"Root-Is-Purelib: true\nTag: py3-none-any\n"))
@@ -67,7 +67,7 @@ def build_wheel(wheel_directory: str, config_settings: Optional[Dict[str, Any]] 
     return wheel
 
 
-def build_sdist(sdist_directory: str, config_settings: Optional[Dict[str, Any]] = None) -> str:
+def build_sdist(sdist_directory: str, config_settings: dict[str, Any] | None = None) -> str:
     """Write the source archive into ``sdist_directory``; return its file name."""
     name = _dist_name()
     members = [ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "_build" / "backend.py", *_files()]

@@ -12,7 +12,8 @@ contract is the extension's (docs/api.md, "API reference"); this package only
 calls it.  ``idempotency_pg.fastapi`` maps it to HTTP.
 """
 
-from typing import Any, Awaitable, Callable, Optional, Sequence, TypeVar, overload
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, overload
 
 from . import aio, encoding, sync
 from ._core import (OUTCOMES, REQUIRED_VERSION, AsyncIdempotentFunction, Binding, ClaimState, Duration,
@@ -52,9 +53,9 @@ class _Decorator:
 
 
 def idempotent(operation: str, *, coordinator: Binding, fingerprint_params: Sequence[str] = (),
-               key_param: str = "idempotency_key", result_type: Optional[Any] = None,
-               recover: Optional[Callable[..., Any]] = None, in_flight: Optional[str] = None,
-               lease: Duration = None, ttl: Duration = None, takeover: Optional[str] = None,
+               key_param: str = "idempotency_key", result_type: Any | None = None,
+               recover: Callable[..., Any] | None = None, in_flight: str | None = None,
+               lease: Duration = None, ttl: Duration = None, takeover: str | None = None,
                remember: Duration = None, wait_timeout: Duration = None,
                on_store_error: str = "raise") -> _Decorator:
     """The decorator of :func:`idempotency_pg.aio.idempotent` (for an

@@ -10,11 +10,11 @@ import logging
 import math
 import re
 import typing
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import (Any, Callable, Coroutine, Dict, Iterator, Mapping, Optional, ParamSpec, Protocol, Sequence,
-                    Tuple, TypeVar, Union)
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -53,10 +53,10 @@ SERIALIZATION_RETRIES = 3
 #: what a coordinator takes for ``lease``, ``ttl`` and ``remember``: a
 #: ``timedelta``, seconds (``int`` or ``float``), an interval's text
 #: (``"30 s"``), or ``None`` (the server's setting)
-Duration = Union[timedelta, int, float, str, None]
+Duration = timedelta | int | float | str | None
 
 
-def duration(name: str, value: Duration) -> Union[timedelta, str, None]:
+def duration(name: str, value: Duration) -> timedelta | str | None:
     """``value`` as idem_begin's interval argument: seconds become a
     ``timedelta``; the server checks the value itself (README, "API
     reference"), so a bad one fails there with 22023."""
@@ -70,7 +70,7 @@ def duration(name: str, value: Duration) -> Union[timedelta, str, None]:
                     f"or None, not {type(value).__name__}")
 
 
-def policy(name: str, value: Optional[str], allowed: Tuple[str, ...], *, optional: bool = False) -> Optional[str]:
+def policy(name: str, value: str | None, allowed: tuple[str, ...], *, optional: bool = False) -> str | None:
     """A policy argument in any case, as the server takes it, sent in lower
     case; ``None`` only if ``optional`` (the server's setting)."""
     if value is None and optional:
@@ -88,14 +88,14 @@ class Settings:
     settings (``ALTER ROLE ... SET idempotency.ttl``) apply."""
 
     in_flight: str
-    lease: Union[timedelta, str, None]
-    ttl: Union[timedelta, str, None]
-    takeover: Optional[str]
-    remember: Union[timedelta, str, None]
+    lease: timedelta | str | None
+    ttl: timedelta | str | None
+    takeover: str | None
+    remember: timedelta | str | None
 
     @classmethod
-    def make(cls, in_flight: str, lease: Duration, ttl: Duration, takeover: Optional[str],
-             remember: Duration) -> "Settings":
+    def make(cls, in_flight: str, lease: Duration, ttl: Duration, takeover: str | None,
+             remember: Duration) -> Settings:
         return cls(policy("in_flight", in_flight, ("wait", "raise")) or "wait",
                    duration("lease", lease), duration("ttl", ttl),
                    policy("takeover", takeover, ("lease", "session"), optional=True),
@@ -111,7 +111,7 @@ class Settings:
             extra += ", remember => %(remember)s::interval"
         return _BEGIN.format(extra=extra)
 
-    def begin_params(self, operation: str, key: str, fp: Optional[bytes]) -> Dict[str, Any]:
+    def begin_params(self, operation: str, key: str, fp: bytes | None) -> dict[str, Any]:
         return {"operation": operation, "key": key, "fingerprint": fp,
                 "in_flight": self.in_flight, "lease": self.lease, "ttl": self.ttl,
                 "takeover": self.takeover, "remember": self.remember}
@@ -138,11 +138,11 @@ class ClaimState:
     token while you hold the key, else ``None``.
     """
 
-    def __init__(self, operation: str, key: str, row: Optional[Tuple[Any, Any, Any]] = None) -> None:
+    def __init__(self, operation: str, key: str, row: tuple[Any, Any, Any] | None = None) -> None:
         self.operation = operation
         self.key = key
-        self.status: Optional[str] = None
-        self.token: Optional[int] = None
+        self.status: str | None = None
+        self.token: int | None = None
         self.response: Any = None
         self.finished = False
         #: whether the claim has a checkpoint: this attempt made one, or it
@@ -151,11 +151,11 @@ class ClaimState:
         if row is not None:
             self._set(row)
 
-    def _set(self, row: Tuple[Any, ...]) -> None:
+    def _set(self, row: tuple[Any, ...]) -> None:
         self.status, self.token, self.response = row[0], row[1], row[2]
         self.checkpointed = self.status == "recover"
 
-    def _params(self, **extra: Any) -> Dict[str, Any]:
+    def _params(self, **extra: Any) -> dict[str, Any]:
         if self.token is None:
             raise RuntimeError(f"no claim held on key {self.key!r} (status {self.status!r})")
         return {"operation": self.operation, "key": self.key, "token": self.token, **extra}
@@ -165,7 +165,7 @@ class ClaimState:
 
 
 #: the claim of the innermost decorated call running in this context
-_current: ContextVar[Optional[ClaimState]] = ContextVar("idempotency_pg_current_claim", default=None)
+_current: ContextVar[ClaimState | None] = ContextVar("idempotency_pg_current_claim", default=None)
 
 
 @contextlib.contextmanager
@@ -205,7 +205,7 @@ def to_json(result: Any) -> Jsonb:
     return encoding.to_jsonb(result)
 
 
-def unstored_state(err: BaseException) -> Dict[str, Any]:
+def unstored_state(err: BaseException) -> dict[str, Any]:
     """The checkpoint state of a claim whose function ran and whose result
     could not be stored (python/README.md, "When the result cannot be
     stored"): what the retry gets with status 'recover'."""
@@ -213,12 +213,12 @@ def unstored_state(err: BaseException) -> Dict[str, Any]:
                                     "sqlstate": error_sqlstate(err)}}
 
 
-def error_sqlstate(err: BaseException) -> Optional[str]:
+def error_sqlstate(err: BaseException) -> str | None:
     """The SQLSTATE of a psycopg or idempotency_pg error, else ``None``."""
     return getattr(err, "sqlstate", None)
 
 
-def error_detail(err: BaseException) -> Optional[str]:
+def error_detail(err: BaseException) -> str | None:
     """The server's DETAIL of a psycopg or idempotency_pg error, else ``None``."""
     if isinstance(err, psycopg.Error):
         return err.diag.message_detail
@@ -257,7 +257,7 @@ class AsyncIdempotentFunction(Protocol[P, R_co]):
     def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, Outcome]: ...
 
 
-def from_json(value: Any, result_type: Optional[Any]) -> Any:
+def from_json(value: Any, result_type: Any | None) -> Any:
     """A stored response as the caller's result: restored to ``result_type``
     (:func:`idempotency_pg.encoding.decode`), or the JSON value as psycopg
     loads it."""
@@ -269,7 +269,7 @@ class ResultCodec:
     when given, else to the function's return annotation, resolved at the
     first call (so that it may name a class defined after the function)."""
 
-    def __init__(self, func: Callable[..., Any], result_type: Optional[Any]) -> None:
+    def __init__(self, func: Callable[..., Any], result_type: Any | None) -> None:
         self._func = func
         self._type = result_type
         self._resolved = result_type is not None
@@ -301,7 +301,7 @@ class CallSpec:
     ``"self.coordinator"``."""
 
     def __init__(self, func: Callable[..., Any], fingerprint_params: Sequence[str],
-                 key_param: str = "idempotency_key", coordinator_path: Optional[str] = None) -> None:
+                 key_param: str = "idempotency_key", coordinator_path: str | None = None) -> None:
         self.signature = inspect.signature(func)
         params = self.signature.parameters
         if not isinstance(key_param, str) or key_param not in params:
@@ -317,19 +317,19 @@ class CallSpec:
         self.fingerprint_params = tuple(tuple(n.split(".")) for n in fingerprint_params)
         self.coordinator_path = None if coordinator_path is None else tuple(coordinator_path.split("."))
 
-    def bind(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> inspect.BoundArguments:
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> inspect.BoundArguments:
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return bound
 
-    def key(self, bound: inspect.BoundArguments) -> Optional[str]:
-        key: Optional[str] = bound.arguments[self.key_param]
+    def key(self, bound: inspect.BoundArguments) -> str | None:
+        key: str | None = bound.arguments[self.key_param]
         return key
 
     def fingerprint(self, bound: inspect.BoundArguments) -> bytes:
         return fingerprint(*(_path_value(bound.arguments[p[0]], p[1:]) for p in self.fingerprint_params))
 
-    def key_and_fingerprint(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Optional[str], bytes]:
+    def key_and_fingerprint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, bytes]:
         bound = self.bind(args, kwargs)
         key = self.key(bound)
         return (None, b"") if key is None else (key, self.fingerprint(bound))
@@ -347,29 +347,29 @@ class CallSpec:
 #: what the free decorator takes as ``coordinator=``: the coordinator, the
 #: name of the parameter (and attributes) that holds it (``"self.coordinator"``),
 #: or a callable that returns it at the call
-Binding = Union[str, Callable[[], Any], Any]
+Binding = str | Callable[[], Any] | Any
 
 
 @dataclass(frozen=True)
 class Overrides:
     """The claim arguments a decorator gives, over its coordinator's."""
 
-    in_flight: Optional[str] = None
-    lease: Union[timedelta, str, None] = None
-    ttl: Union[timedelta, str, None] = None
-    takeover: Optional[str] = None
-    remember: Union[timedelta, str, None] = None
-    wait_timeout: Optional[timedelta] = None
+    in_flight: str | None = None
+    lease: timedelta | str | None = None
+    ttl: timedelta | str | None = None
+    takeover: str | None = None
+    remember: timedelta | str | None = None
+    wait_timeout: timedelta | None = None
 
     @classmethod
-    def make(cls, in_flight: Optional[str], lease: Duration, ttl: Duration, takeover: Optional[str],
-             remember: Duration, wait_timeout: Duration) -> "Overrides":
+    def make(cls, in_flight: str | None, lease: Duration, ttl: Duration, takeover: str | None,
+             remember: Duration, wait_timeout: Duration) -> Overrides:
         return cls(policy("in_flight", in_flight, ("wait", "raise"), optional=True),
                    duration("lease", lease), duration("ttl", ttl),
                    policy("takeover", takeover, ("lease", "session"), optional=True),
                    duration("remember", remember), wait_duration(wait_timeout))
 
-    def apply(self, settings: "Settings") -> "Settings":
+    def apply(self, settings: Settings) -> Settings:
         return Settings(self.in_flight or settings.in_flight,
                         settings.lease if self.lease is None else self.lease,
                         settings.ttl if self.ttl is None else self.ttl,
@@ -377,7 +377,7 @@ class Overrides:
                         settings.remember if self.remember is None else self.remember)
 
 
-def wait_duration(value: Duration) -> Optional[timedelta]:
+def wait_duration(value: Duration) -> timedelta | None:
     """A ``wait_timeout``: a positive ``timedelta`` or seconds, or ``None``
     (wait as long as the server lets the statement run)."""
     if value is None:
@@ -420,7 +420,7 @@ OutcomeHook = Callable[[str, str], None]
 OUTCOMES = ("new", "replay", "recover", "in_progress", "key_reuse", "expired", "store_error")
 
 
-def outcome_of_error(err: BaseException) -> Optional[str]:
+def outcome_of_error(err: BaseException) -> str | None:
     if isinstance(err, InProgressError):
         return "in_progress"
     if isinstance(err, KeyReuseError):
@@ -430,7 +430,7 @@ def outcome_of_error(err: BaseException) -> Optional[str]:
     return None
 
 
-def report(hook: Optional[OutcomeHook], operation: str, key: str, outcome: str) -> None:
+def report(hook: OutcomeHook | None, operation: str, key: str, outcome: str) -> None:
     """Log a claim's outcome (debug, logger ``idempotency_pg``) and count it
     through the hook; a failing hook is logged, never raised."""
     log.debug("idempotency key %r of %r: %s", key, operation, outcome)
@@ -460,7 +460,7 @@ REQUIRED_VERSION = (1, 4)
 VERSION_SQL = ("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'idempotency')")
 
 
-def check_version(installed: Optional[str], required: Tuple[int, int] = REQUIRED_VERSION) -> None:
+def check_version(installed: str | None, required: tuple[int, int] = REQUIRED_VERSION) -> None:
     """Raise :class:`ExtensionVersionError` unless ``installed`` (extversion)
     is at least ``required``."""
     if installed is not None:
@@ -486,11 +486,11 @@ class Record:
     state: str
     token: int
     created_at: datetime
-    lease_until: Optional[datetime]
-    completed_at: Optional[datetime]
-    expires_at: Optional[datetime]
-    remembered_until: Optional[datetime]
-    lease_remaining: Optional[timedelta]
+    lease_until: datetime | None
+    completed_at: datetime | None
+    expires_at: datetime | None
+    remembered_until: datetime | None
+    lease_remaining: timedelta | None
 
 
 def serialization_retry(err: psycopg.Error, attempt: int) -> bool:

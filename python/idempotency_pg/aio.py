@@ -24,8 +24,9 @@ import logging
 # sync {
 # import threading
 # }
+from collections.abc import Awaitable, Callable, Sequence  # sync: from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple, TypeVar, cast  # sync: from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection
@@ -40,11 +41,11 @@ from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, Resp
 
 log = logging.getLogger("idempotency_pg")
 R = TypeVar("R")
-Row = Tuple[Any, ...]
+Row = tuple[Any, ...]
 
 
-async def _execute(conn: AsyncConnection[Any], sql: str, params: Any, prepare: Optional[bool],
-                   wait: Optional[str] = None) -> Row:
+async def _execute(conn: AsyncConnection[Any], sql: str, params: Any, prepare: bool | None,
+                   wait: str | None = None) -> Row:
     # async {
     """One statement on ``conn``, its first row.  A cancelled call (task
     cancellation) cancels the statement in the server and closes the
@@ -87,7 +88,7 @@ async def _execute(conn: AsyncConnection[Any], sql: str, params: Any, prepare: O
     return tuple(row)
 
 
-async def _autocommit(pool: AsyncConnectionPool, sql: str, params: Any, prepare: Optional[bool]) -> Row:
+async def _autocommit(pool: AsyncConnectionPool, sql: str, params: Any, prepare: bool | None) -> Row:
     """One statement in autocommit on a connection of ``pool``, which goes
     back to the pool as soon as the statement is done."""
     async with pool.connection() as conn:
@@ -101,7 +102,7 @@ async def _autocommit(pool: AsyncConnectionPool, sql: str, params: Any, prepare:
                 await conn.set_autocommit(False)  # sync: conn.autocommit = False
 
 
-async def _checkout(pool: AsyncConnectionPool) -> Tuple[AsyncConnection[Any], bool]:
+async def _checkout(pool: AsyncConnectionPool) -> tuple[AsyncConnection[Any], bool]:
     """A connection of ``pool`` in autocommit, checked out until
     :func:`_checkin`; and whether autocommit was switched on for it."""
     conn = await pool.getconn()
@@ -138,7 +139,7 @@ async def _connect(pool: AsyncConnectionPool) -> AsyncConnection[Any]:
     if inspect.isawaitable(given):
         given = await given
     # }
-    kwargs: Dict[str, Any] = {**(given or {}), "autocommit": True}
+    kwargs: dict[str, Any] = {**(given or {}), "autocommit": True}
     conn: AsyncConnection[Any] = await pool.connection_class.connect(conninfo, **kwargs)
     return conn
 
@@ -155,16 +156,16 @@ class AsyncClaim(ClaimState):
     ``abort`` or ``abandon``).
     """
 
-    def __init__(self, coordinator: "AsyncCoordinator", operation: str, key: str,
-                 fingerprint: Optional[bytes], conn: Optional[AsyncConnection[Any]] = None) -> None:
+    def __init__(self, coordinator: AsyncCoordinator, operation: str, key: str,
+                 fingerprint: bytes | None, conn: AsyncConnection[Any] | None = None) -> None:
         super().__init__(operation, key)
         self._coordinator = coordinator
         self._fingerprint = fingerprint
         self._conn = conn
         # the external-call shape: the connection that claimed, its pool,
         # and whether autocommit was switched on for it
-        self._held: Optional[AsyncConnection[Any]] = None
-        self._held_pool: Optional[AsyncConnectionPool] = None
+        self._held: AsyncConnection[Any] | None = None
+        self._held_pool: AsyncConnectionPool | None = None
         self._switched = False
         self._reconnected = False
 
@@ -357,10 +358,10 @@ class AsyncCoordinator:
 
     def __init__(self, pool: AsyncConnectionPool, *, in_flight: str = "wait",
                  lease: _core.Duration = None, ttl: _core.Duration = None,
-                 takeover: Optional[str] = None, remember: _core.Duration = None,
-                 wait_timeout: _core.Duration = None, on_outcome: Optional[_core.OutcomeHook] = None,
-                 claim_pool: Optional[AsyncConnectionPool] = None,
-                 claim_pool_size: Optional[int] = None, prepare: Optional[bool] = None) -> None:
+                 takeover: str | None = None, remember: _core.Duration = None,
+                 wait_timeout: _core.Duration = None, on_outcome: _core.OutcomeHook | None = None,
+                 claim_pool: AsyncConnectionPool | None = None,
+                 claim_pool_size: int | None = None, prepare: bool | None = None) -> None:
         if claim_pool is pool:
             raise ValueError("claim_pool must be another pool than pool (README, \"From an application\")")
         self.pool = pool
@@ -370,7 +371,7 @@ class AsyncCoordinator:
         self._version_checked = False
         self.prepare = prepare
         self._claim_pool = claim_pool
-        self._own_claim_pool: Optional[AsyncConnectionPool] = None
+        self._own_claim_pool: AsyncConnectionPool | None = None
         self._claim_pool_size = claim_pool_size
         self._opening = asyncio.Lock()  # sync: self._opening = threading.Lock()
         self._begin_sql = self.settings.begin_sql()
@@ -394,7 +395,7 @@ class AsyncCoordinator:
             if self._own_claim_pool is None:
                 p = self.pool
                 own = AsyncConnectionPool(
-                    p.conninfo, kwargs={**(cast(Optional[Dict[str, Any]], p.kwargs) or {}), "autocommit": True},
+                    p.conninfo, kwargs={**(cast(dict[str, Any] | None, p.kwargs) or {}), "autocommit": True},
                     connection_class=p.connection_class, min_size=1,
                     max_size=self._claim_pool_size or p.max_size, timeout=p.timeout,
                     name=f"{p.name}.claims", open=False)
@@ -412,7 +413,7 @@ class AsyncCoordinator:
         if outcome is not None:
             self._report(operation, key, outcome)
 
-    async def _check_version(self, conn: Optional[AsyncConnection[Any]] = None) -> None:
+    async def _check_version(self, conn: AsyncConnection[Any] | None = None) -> None:
         """At the first call: the database's extension has the API this
         package needs (:class:`ExtensionVersionError`).  Checked again at
         the next call while it fails, so an ``ALTER EXTENSION ... UPDATE``
@@ -426,7 +427,7 @@ class AsyncCoordinator:
         _core.check_version(row[0])
         self._version_checked = True
 
-    async def inspect(self, operation: str, key: str) -> Optional[Record]:
+    async def inspect(self, operation: str, key: str) -> Record | None:
         """``idem_inspect``: the calling role's record of the key (``None``:
         none), with the time left of a pending claim's lease."""
         async with self.pool.connection() as conn:
@@ -437,7 +438,7 @@ class AsyncCoordinator:
                 await conn.rollback()
         return None if row is None else Record(*row)
 
-    async def begin(self, operation: str, key: str, fingerprint: Optional[bytes], *,
+    async def begin(self, operation: str, key: str, fingerprint: bytes | None, *,
                     wait_timeout: _core.Duration = None) -> AsyncClaim:
         """``idem_begin`` in autocommit, the external-call shape: the claim is
         committed when this returns.  A ``'new'`` or ``'recover'`` claim keeps
@@ -454,8 +455,8 @@ class AsyncCoordinator:
         wait = _core.wait_duration(wait_timeout) or self.wait_timeout
         return await self._begin(operation, key, fingerprint, self.settings, wait)
 
-    async def _begin(self, operation: str, key: str, fingerprint: Optional[bytes], settings: Settings,
-                     wait_timeout: Optional[timedelta]) -> AsyncClaim:
+    async def _begin(self, operation: str, key: str, fingerprint: bytes | None, settings: Settings,
+                     wait_timeout: timedelta | None) -> AsyncClaim:
         await self._check_version()
         try:
             claim = await self._claim(operation, key, fingerprint, settings, wait_timeout)
@@ -465,8 +466,8 @@ class AsyncCoordinator:
         self._report(operation, key, str(claim.status))
         return claim
 
-    async def _claim(self, operation: str, key: str, fingerprint: Optional[bytes], settings: Settings,
-                     wait_timeout: Optional[timedelta]) -> AsyncClaim:
+    async def _claim(self, operation: str, key: str, fingerprint: bytes | None, settings: Settings,
+                     wait_timeout: timedelta | None) -> AsyncClaim:
         claim = AsyncClaim(self, operation, key, fingerprint)
         pool = await self._claims()
         params = settings.begin_params(operation, key, fingerprint)
@@ -508,7 +509,7 @@ class AsyncCoordinator:
         return claim
 
     def claim(self, conn: AsyncConnection[Any], operation: str, key: str,
-              fingerprint: Optional[bytes]) -> AsyncClaim:
+              fingerprint: bytes | None) -> AsyncClaim:
         # async {
         """The in-transaction shape: ``async with coordinator.claim(conn, ...)
         as c`` runs ``idem_begin`` on ``conn``, in its transaction.  On
@@ -530,9 +531,9 @@ class AsyncCoordinator:
         return AsyncClaim(self, operation, key, fingerprint, conn)
 
     def idempotent(self, operation: str, *, fingerprint_params: Sequence[str] = (),
-                   key_param: str = "idempotency_key", result_type: Optional[Any] = None,
-                   recover: Optional[Callable[..., Any]] = None, in_flight: Optional[str] = None,
-                   lease: _core.Duration = None, ttl: _core.Duration = None, takeover: Optional[str] = None,
+                   key_param: str = "idempotency_key", result_type: Any | None = None,
+                   recover: Callable[..., Any] | None = None, in_flight: str | None = None,
+                   lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                    remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                    on_store_error: str = "raise"
                    ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:  # sync: ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
@@ -544,9 +545,9 @@ class AsyncCoordinator:
 
 
 def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params: Sequence[str] = (),
-               key_param: str = "idempotency_key", result_type: Optional[Any] = None,
-               recover: Optional[Callable[..., Any]] = None, in_flight: Optional[str] = None,
-               lease: _core.Duration = None, ttl: _core.Duration = None, takeover: Optional[str] = None,
+               key_param: str = "idempotency_key", result_type: Any | None = None,
+               recover: Callable[..., Any] | None = None, in_flight: str | None = None,
+               lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                on_store_error: str = "raise"
                ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:  # sync: ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
@@ -707,7 +708,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
 
 
 async def _run_or_abort(claim: AsyncClaim, func: Callable[..., Awaitable[Any]],  # sync: def _run_or_abort(claim: Claim, func: Callable[..., Any],
-                        args: Tuple[Any, ...], kwargs: Any) -> Any:
+                        args: tuple[Any, ...], kwargs: Any) -> Any:
     try:
         return await func(*args, **kwargs)
     except BaseException:
@@ -718,8 +719,8 @@ async def _run_or_abort(claim: AsyncClaim, func: Callable[..., Awaitable[Any]], 
         raise
 
 
-async def _recover(claim: AsyncClaim, recover: Optional[Callable[..., Any]],
-                   args: Tuple[Any, ...], kwargs: Any) -> Any:
+async def _recover(claim: AsyncClaim, recover: Callable[..., Any] | None,
+                   args: tuple[Any, ...], kwargs: Any) -> Any:
     if recover is None:
         assert claim.token is not None
         raise RecoveryNeededError(claim.operation, claim.key, claim.token, claim.response)

@@ -27,7 +27,7 @@ pydantic model (1, 2)   ``model_dump(mode="json")`` (1: ``.json()``)  the model 
 ======================  ==========================================  ============================
 
 Anything else (a ``set``, an arbitrary object, ``bytes``) raises
-``TypeError`` before anything is sent.  ``Optional[X]`` and unions are
+``TypeError`` before anything is sent.  ``X | None`` and other unions are
 restored by trying their members in order; an annotation of a JSON type
 (``dict``, ``Any``, none at all) returns the stored JSON as it is.  pydantic
 is never imported here: a model is recognised by its methods, so without
@@ -45,7 +45,7 @@ import typing
 import uuid
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -76,7 +76,7 @@ def encode(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        out: Dict[Any, Any] = {}
+        out: dict[Any, Any] = {}
         for k, v in value.items():
             if not isinstance(k, (str, int)) or isinstance(k, bool):
                 raise TypeError(f"cannot store a dict key of type {type(k).__name__} as JSON")
@@ -132,7 +132,7 @@ def decode(value: Any, annotation: Any) -> Any:
     return _decode_class(value, annotation)
 
 
-def _decode_generic(value: Any, origin: Any, args: Tuple[Any, ...]) -> Any:
+def _decode_generic(value: Any, origin: Any, args: tuple[Any, ...]) -> Any:
     import collections.abc as abc
     if isinstance(origin, type) and issubclass(origin, tuple):
         if not isinstance(value, list):
@@ -196,14 +196,14 @@ def _text(value: Any, cls: type) -> str:
     return value
 
 
-def _hints(cls: type) -> Dict[str, Any]:
+def _hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
     except Exception:  # an annotation that does not resolve: keep those fields as stored
         return {}
 
 
-def result_annotation(func: Any) -> Optional[Any]:
+def result_annotation(func: Any) -> Any | None:
     """The return annotation of ``func``, resolved; ``None`` when it has
     none or it cannot be resolved (then the stored JSON is returned as is)."""
     try:

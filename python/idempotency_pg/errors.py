@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any, Dict, Optional, Tuple, Type
+from typing import Any
 
 import psycopg
 
@@ -24,13 +24,13 @@ class IdempotencyError(Exception):
     ``detail`` and ``hint`` (the server's DETAIL and HINT, or ``None``).
     """
 
-    sqlstate: Optional[str] = None
+    sqlstate: str | None = None
     #: the operation and the key of the claim, when the error came from one
-    operation: Optional[str] = None
-    key: Optional[str] = None
+    operation: str | None = None
+    key: str | None = None
 
-    def __init__(self, message: str, *, sqlstate: Optional[str] = None,
-                 detail: Optional[str] = None, hint: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, sqlstate: str | None = None,
+                 detail: str | None = None, hint: str | None = None) -> None:
         super().__init__(message)
         if sqlstate is not None:
             self.sqlstate = sqlstate
@@ -55,7 +55,7 @@ class WaitTimeoutError(InProgressError):
     sqlstate = "57014"
 
     def __init__(self, operation: str, key: str, wait_timeout: timedelta, *,
-                 detail: Optional[str] = None) -> None:
+                 detail: str | None = None) -> None:
         super().__init__(f"idempotency key {key!r} of {operation!r} is still held by another attempt "
                          f"after waiting {wait_timeout.total_seconds():g} s (wait_timeout)",
                          sqlstate="57014", detail=detail)
@@ -70,7 +70,7 @@ class ExtensionVersionError(IdempotencyError):
     (``installed`` is ``None``).  Raised at the first call of a coordinator,
     before any claim.  HTTP: 500."""
 
-    def __init__(self, installed: Optional[str], required: Tuple[int, int]) -> None:
+    def __init__(self, installed: str | None, required: tuple[int, int]) -> None:
         need = ".".join(map(str, required))
         if installed is None:
             message = (f"the idempotency extension is not installed in this database; idempotency_pg "
@@ -93,13 +93,13 @@ class KeyReuseError(IdempotencyError):
 
     sqlstate = "IK422"
 
-    def __init__(self, message: str, *, sqlstate: Optional[str] = None,
-                 detail: Optional[str] = None, hint: Optional[str] = None) -> None:
+    def __init__(self, message: str, *, sqlstate: str | None = None,
+                 detail: str | None = None, hint: str | None = None) -> None:
         super().__init__(message, sqlstate=sqlstate, detail=detail, hint=hint)
         found = [m.group(1) if m.group(1) is not None else None
                  for m in _FINGERPRINT.finditer(detail or "")]
-        self.stored_fingerprint: Optional[str] = found[0] if len(found) == 2 else None
-        self.request_fingerprint: Optional[str] = found[1] if len(found) == 2 else None
+        self.stored_fingerprint: str | None = found[0] if len(found) == 2 else None
+        self.request_fingerprint: str | None = found[1] if len(found) == 2 else None
 
 
 # "Stored fingerprint: \xab12. Request fingerprint: NULL." (a fingerprint
@@ -167,7 +167,7 @@ class ResponseNotStoredError(IdempotencyError):
     function's result, as it was returned.  HTTP: 500."""
 
     def __init__(self, operation: str, key: str, token: int, result: Any, cause: BaseException, *,
-                 sqlstate: Optional[str], detail: Optional[str], checkpointed: bool) -> None:
+                 sqlstate: str | None, detail: str | None, checkpointed: bool) -> None:
         then = ("the claim is left pending with a checkpoint: the next attempt gets 'recover'"
                 if checkpointed else
                 "the claim is left pending WITHOUT a checkpoint (the server has no idem_checkpoint, or "
@@ -182,7 +182,7 @@ class ResponseNotStoredError(IdempotencyError):
         self.checkpointed = checkpointed
 
 
-_BY_SQLSTATE: Dict[str, Type[IdempotencyError]] = {
+_BY_SQLSTATE: dict[str, type[IdempotencyError]] = {
     "IK409": InProgressError,
     "IK410": ResponseExpiredError,
     "IK412": LostClaimError,
@@ -193,7 +193,7 @@ _BY_SQLSTATE: Dict[str, Type[IdempotencyError]] = {
 }
 
 
-def translate(err: psycopg.Error) -> Optional[IdempotencyError]:
+def translate(err: psycopg.Error) -> IdempotencyError | None:
     """The :class:`IdempotencyError` for a psycopg error of the extension,
     or ``None`` for another SQLSTATE.  Raise it ``from err``."""
     cls = _BY_SQLSTATE.get(err.sqlstate or "")

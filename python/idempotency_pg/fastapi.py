@@ -51,7 +51,8 @@ import asyncio
 import inspect
 import json
 import typing
-from typing import Any, Awaitable, Callable, Dict, Optional, Sequence, Tuple, Union
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from fastapi import Depends, Request
 from fastapi.responses import Response
@@ -81,13 +82,13 @@ def state_coordinator(name: str = "coordinator") -> Callable[[Request], AsyncCoo
     return dependency
 
 
-def problem_response(problem: Problem, type_base: Optional[str] = None) -> Response:
+def problem_response(problem: Problem, type_base: str | None = None) -> Response:
     """An ``application/problem+json`` response (RFC 9457)."""
     return Response(json_bytes(problem.body(type_base)), problem.status, headers=problem.headers,
                     media_type=PROBLEM_MEDIA_TYPE)
 
 
-def stored_response(stored: Dict[str, Any], replayed: bool, media_type: str = "application/json") -> Response:
+def stored_response(stored: dict[str, Any], replayed: bool, media_type: str = "application/json") -> Response:
     """A stored ``{"status", "headers", "body"}``; a replay adds
     ``Idempotent-Replayed: true``."""
     headers = dict(stored.get("headers") or {})
@@ -106,13 +107,13 @@ class _NotStored(Exception):
         self.response = response
 
 
-def idempotent_route(operation: str, *, coordinator: Union[AsyncCoordinator, Callable[..., Any]],
+def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable[..., Any],
                      fingerprint: Sequence[str] = (), status_code: int = 200,
                      replay_headers: Sequence[str] = REPLAY_HEADERS, key_param: str = "idempotency_key",
                      header: str = "Idempotency-Key", max_key_length: int = 255,
-                     problem_type_base: Optional[str] = None, media_type: str = "application/json",
-                     recover: Optional[Callable[..., Any]] = None, in_flight: Optional[str] = None,
-                     lease: _core.Duration = None, ttl: _core.Duration = None, takeover: Optional[str] = None,
+                     problem_type_base: str | None = None, media_type: str = "application/json",
+                     recover: Callable[..., Any] | None = None, in_flight: str | None = None,
+                     lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                      remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                      on_store_error: str = "raise"
                      ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Response]]]:
@@ -133,7 +134,7 @@ def idempotent_route(operation: str, *, coordinator: Union[AsyncCoordinator, Cal
         dependency = coordinator
     keep = tuple(h.lower() for h in replay_headers)
 
-    def to_stored(result: Any) -> Dict[str, Any]:
+    def to_stored(result: Any) -> dict[str, Any]:
         if isinstance(result, Response):
             if result.status_code >= 500:
                 raise _NotStored(result)
@@ -161,7 +162,7 @@ def idempotent_route(operation: str, *, coordinator: Union[AsyncCoordinator, Cal
         own_request = next((p.name for p in visible if p.annotation is Request), None)
         added = [] if own_request else [inspect.Parameter(_REQUEST, kw, annotation=Request)]
 
-        def strip(kwargs: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        def strip(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             key = kwargs.pop(_KEY)
             kwargs.pop(_COORDINATOR)
             call = kwargs.pop(_STARTED)
@@ -170,18 +171,18 @@ def idempotent_route(operation: str, *, coordinator: Union[AsyncCoordinator, Cal
                 kwargs[key_param] = key
             return kwargs, call
 
-        def keep_headers(call: Dict[str, Any], result: Any) -> Dict[str, Any]:
+        def keep_headers(call: dict[str, Any], result: Any) -> dict[str, Any]:
             # the first response has every header the endpoint set; a replay, the stored ones
             if isinstance(result, Response):
                 call["headers"] = {k: v for k, v in result.headers.items()
                                    if k.lower() not in ("content-length", "content-type")}
             return to_stored(result)
 
-        async def run(**kwargs: Any) -> Dict[str, Any]:
+        async def run(**kwargs: Any) -> dict[str, Any]:
             arguments, call = strip(kwargs)
             return keep_headers(call, await endpoint(**arguments))
 
-        async def run_recover(state: Any, **kwargs: Any) -> Dict[str, Any]:
+        async def run_recover(state: Any, **kwargs: Any) -> dict[str, Any]:
             assert recover is not None
             arguments, call = strip(kwargs)
             result = recover(state, **arguments)
@@ -191,7 +192,7 @@ def idempotent_route(operation: str, *, coordinator: Union[AsyncCoordinator, Cal
 
         run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             visible + [inspect.Parameter(_KEY, kw), inspect.Parameter(_COORDINATOR, kw),
-                       inspect.Parameter(_STARTED, kw)], return_annotation=Dict[str, Any])
+                       inspect.Parameter(_STARTED, kw)], return_annotation=dict[str, Any])
         run.__qualname__ = endpoint.__qualname__
         claimed = aio.idempotent(operation, coordinator=_COORDINATOR, fingerprint_params=fingerprint,
                                  key_param=_KEY, recover=None if recover is None else run_recover,
@@ -205,7 +206,7 @@ def idempotent_route(operation: str, *, coordinator: Union[AsyncCoordinator, Cal
             parsed = parse_idempotency_key(request.headers.getlist(header), max_key_length)
             if parsed.key is None:
                 return problem_response(key_problem(parsed), problem_type_base)
-            call: Dict[str, Any] = {}
+            call: dict[str, Any] = {}
             try:
                 outcome = await claimed.outcome(**kwargs, **{_KEY: parsed.key, _COORDINATOR: c,
                                                              _STARTED: call})

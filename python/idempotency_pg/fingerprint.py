@@ -16,13 +16,12 @@ from __future__ import annotations
 import hashlib
 import uuid
 from decimal import Decimal
-from typing import Optional, Union
 
 #: the values :func:`fingerprint` accepts
-FingerprintValue = Union[None, str, int, bool, Decimal, uuid.UUID]
+FingerprintValue = None | str | int | bool | Decimal | uuid.UUID
 
 
-def text_form(value: FingerprintValue) -> Optional[str]:
+def text_form(value: FingerprintValue) -> str | None:
     """The text form PostgreSQL gives ``value`` (``None`` for NULL).
 
     ``str`` is itself (``text``); ``bool`` is ``t``/``f`` (``boolean``);

@@ -14,7 +14,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -27,7 +27,7 @@ MAX_KEY_LENGTH = 255
 _BARE = re.compile(r"[!#-+\--:<-\[\]-~]+")
 
 #: the problem types this module answers with: slug -> title
-TITLES: Dict[str, str] = {
+TITLES: dict[str, str] = {
     "idempotency-key-missing": "Idempotency-Key is missing",
     "idempotency-key-malformed": "Idempotency-Key is malformed",
     "idempotency-key-reused": "Idempotency-Key is already used",
@@ -43,12 +43,12 @@ TITLES: Dict[str, str] = {
 class ParsedKey:
     """``key`` when the header is valid; else ``missing`` and ``reason``."""
 
-    key: Optional[str] = None
+    key: str | None = None
     missing: bool = False
     reason: str = ""
 
 
-def parse_idempotency_key(values: List[str], max_length: int = MAX_KEY_LENGTH) -> ParsedKey:
+def parse_idempotency_key(values: list[str], max_length: int = MAX_KEY_LENGTH) -> ParsedKey:
     """Parse the header's values (a header sent twice is malformed)."""
     if not values:
         return ParsedKey(missing=True, reason="The Idempotency-Key header is missing.")
@@ -74,7 +74,7 @@ def parse_idempotency_key(values: List[str], max_length: int = MAX_KEY_LENGTH) -
     return ParsedKey(key=key)
 
 
-def _parse_sf_string(text: str) -> Optional[str]:
+def _parse_sf_string(text: str) -> str | None:
     """RFC 8941 4.2.5, the whole input being that one string."""
     out = []
     i = 1
@@ -104,11 +104,11 @@ class Problem:
     status: int
     slug: str
     detail: str
-    extra: Dict[str, Any] = field(default_factory=dict)
-    headers: Dict[str, str] = field(default_factory=dict)
-    title: Optional[str] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    title: str | None = None
 
-    def body(self, type_base: Optional[str] = None) -> Dict[str, Any]:
+    def body(self, type_base: str | None = None) -> dict[str, Any]:
         """The problem+json object; its ``type`` is ``type_base + slug``
         (``about:blank`` without a base)."""
         return {"type": "about:blank" if type_base is None else type_base + self.slug,
@@ -122,7 +122,7 @@ def key_problem(parsed: ParsedKey) -> Problem:
                    parsed.reason)
 
 
-def retry_after(record: Optional[_core.Record]) -> int:
+def retry_after(record: _core.Record | None) -> int:
     """``Retry-After`` (whole seconds, at least 1) for a 409: what is left
     of the holding claim's lease, by the server's clock."""
     if record is None or record.state != "pending" or record.lease_remaining is None:
@@ -130,7 +130,7 @@ def retry_after(record: Optional[_core.Record]) -> int:
     return max(1, math.ceil(record.lease_remaining.total_seconds()))
 
 
-def problem_for(err: BaseException, record: Optional[_core.Record] = None) -> Optional[Problem]:
+def problem_for(err: BaseException, record: _core.Record | None = None) -> Problem | None:
     """The README's SQLSTATE -> HTTP table for an error of a claim
     (``record``: the key's, for a 409's ``Retry-After``); ``None`` for an
     error the table does not name."""

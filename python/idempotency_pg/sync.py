@@ -12,8 +12,9 @@ import functools
 import inspect
 import logging
 import threading
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import ClientCursor, Connection
@@ -28,11 +29,11 @@ from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, Resp
 
 log = logging.getLogger("idempotency_pg")
 R = TypeVar("R")
-Row = Tuple[Any, ...]
+Row = tuple[Any, ...]
 
 
-def _execute(conn: Connection[Any], sql: str, params: Any, prepare: Optional[bool],
-                   wait: Optional[str] = None) -> Row:
+def _execute(conn: Connection[Any], sql: str, params: Any, prepare: bool | None,
+                   wait: str | None = None) -> Row:
     """One statement on ``conn``, its first row.  (Ctrl-C cancels the
     statement in the server: psycopg does that for sync connections.)  With
     ``wait`` (a statement_timeout), the statement runs under it, in one
@@ -49,7 +50,7 @@ def _execute(conn: Connection[Any], sql: str, params: Any, prepare: Optional[boo
     return tuple(row)
 
 
-def _autocommit(pool: ConnectionPool, sql: str, params: Any, prepare: Optional[bool]) -> Row:
+def _autocommit(pool: ConnectionPool, sql: str, params: Any, prepare: bool | None) -> Row:
     """One statement in autocommit on a connection of ``pool``, which goes
     back to the pool as soon as the statement is done."""
     with pool.connection() as conn:
@@ -63,7 +64,7 @@ def _autocommit(pool: ConnectionPool, sql: str, params: Any, prepare: Optional[b
                 conn.autocommit = False
 
 
-def _checkout(pool: ConnectionPool) -> Tuple[Connection[Any], bool]:
+def _checkout(pool: ConnectionPool) -> tuple[Connection[Any], bool]:
     """A connection of ``pool`` in autocommit, checked out until
     :func:`_checkin`; and whether autocommit was switched on for it."""
     conn = pool.getconn()
@@ -94,7 +95,7 @@ def _connect(pool: ConnectionPool) -> Connection[Any]:
     pool: after a lost connection, the pool's idle ones may be lost too."""
     conninfo = pool_setting(pool.conninfo)
     given = pool_setting(pool.kwargs)
-    kwargs: Dict[str, Any] = {**(given or {}), "autocommit": True}
+    kwargs: dict[str, Any] = {**(given or {}), "autocommit": True}
     conn: Connection[Any] = pool.connection_class.connect(conninfo, **kwargs)
     return conn
 
@@ -111,16 +112,16 @@ class Claim(ClaimState):
     ``abort`` or ``abandon``).
     """
 
-    def __init__(self, coordinator: "Coordinator", operation: str, key: str,
-                 fingerprint: Optional[bytes], conn: Optional[Connection[Any]] = None) -> None:
+    def __init__(self, coordinator: Coordinator, operation: str, key: str,
+                 fingerprint: bytes | None, conn: Connection[Any] | None = None) -> None:
         super().__init__(operation, key)
         self._coordinator = coordinator
         self._fingerprint = fingerprint
         self._conn = conn
         # the external-call shape: the connection that claimed, its pool,
         # and whether autocommit was switched on for it
-        self._held: Optional[Connection[Any]] = None
-        self._held_pool: Optional[ConnectionPool] = None
+        self._held: Connection[Any] | None = None
+        self._held_pool: ConnectionPool | None = None
         self._switched = False
         self._reconnected = False
 
@@ -275,10 +276,10 @@ class Coordinator:
 
     def __init__(self, pool: ConnectionPool, *, in_flight: str = "wait",
                  lease: _core.Duration = None, ttl: _core.Duration = None,
-                 takeover: Optional[str] = None, remember: _core.Duration = None,
-                 wait_timeout: _core.Duration = None, on_outcome: Optional[_core.OutcomeHook] = None,
-                 claim_pool: Optional[ConnectionPool] = None,
-                 claim_pool_size: Optional[int] = None, prepare: Optional[bool] = None) -> None:
+                 takeover: str | None = None, remember: _core.Duration = None,
+                 wait_timeout: _core.Duration = None, on_outcome: _core.OutcomeHook | None = None,
+                 claim_pool: ConnectionPool | None = None,
+                 claim_pool_size: int | None = None, prepare: bool | None = None) -> None:
         if claim_pool is pool:
             raise ValueError("claim_pool must be another pool than pool (README, \"From an application\")")
         self.pool = pool
@@ -288,7 +289,7 @@ class Coordinator:
         self._version_checked = False
         self.prepare = prepare
         self._claim_pool = claim_pool
-        self._own_claim_pool: Optional[ConnectionPool] = None
+        self._own_claim_pool: ConnectionPool | None = None
         self._claim_pool_size = claim_pool_size
         self._opening = threading.Lock()
         self._begin_sql = self.settings.begin_sql()
@@ -312,7 +313,7 @@ class Coordinator:
             if self._own_claim_pool is None:
                 p = self.pool
                 own = ConnectionPool(
-                    p.conninfo, kwargs={**(cast(Optional[Dict[str, Any]], p.kwargs) or {}), "autocommit": True},
+                    p.conninfo, kwargs={**(cast(dict[str, Any] | None, p.kwargs) or {}), "autocommit": True},
                     connection_class=p.connection_class, min_size=1,
                     max_size=self._claim_pool_size or p.max_size, timeout=p.timeout,
                     name=f"{p.name}.claims", open=False)
@@ -330,7 +331,7 @@ class Coordinator:
         if outcome is not None:
             self._report(operation, key, outcome)
 
-    def _check_version(self, conn: Optional[Connection[Any]] = None) -> None:
+    def _check_version(self, conn: Connection[Any] | None = None) -> None:
         """At the first call: the database's extension has the API this
         package needs (:class:`ExtensionVersionError`).  Checked again at
         the next call while it fails, so an ``ALTER EXTENSION ... UPDATE``
@@ -344,7 +345,7 @@ class Coordinator:
         _core.check_version(row[0])
         self._version_checked = True
 
-    def inspect(self, operation: str, key: str) -> Optional[Record]:
+    def inspect(self, operation: str, key: str) -> Record | None:
         """``idem_inspect``: the calling role's record of the key (``None``:
         none), with the time left of a pending claim's lease."""
         with self.pool.connection() as conn:
@@ -355,7 +356,7 @@ class Coordinator:
                 conn.rollback()
         return None if row is None else Record(*row)
 
-    def begin(self, operation: str, key: str, fingerprint: Optional[bytes], *,
+    def begin(self, operation: str, key: str, fingerprint: bytes | None, *,
                     wait_timeout: _core.Duration = None) -> Claim:
         """``idem_begin`` in autocommit, the external-call shape: the claim is
         committed when this returns.  A ``'new'`` or ``'recover'`` claim keeps
@@ -372,8 +373,8 @@ class Coordinator:
         wait = _core.wait_duration(wait_timeout) or self.wait_timeout
         return self._begin(operation, key, fingerprint, self.settings, wait)
 
-    def _begin(self, operation: str, key: str, fingerprint: Optional[bytes], settings: Settings,
-                     wait_timeout: Optional[timedelta]) -> Claim:
+    def _begin(self, operation: str, key: str, fingerprint: bytes | None, settings: Settings,
+                     wait_timeout: timedelta | None) -> Claim:
         self._check_version()
         try:
             claim = self._claim(operation, key, fingerprint, settings, wait_timeout)
@@ -383,8 +384,8 @@ class Coordinator:
         self._report(operation, key, str(claim.status))
         return claim
 
-    def _claim(self, operation: str, key: str, fingerprint: Optional[bytes], settings: Settings,
-                     wait_timeout: Optional[timedelta]) -> Claim:
+    def _claim(self, operation: str, key: str, fingerprint: bytes | None, settings: Settings,
+                     wait_timeout: timedelta | None) -> Claim:
         claim = Claim(self, operation, key, fingerprint)
         pool = self._claims()
         params = settings.begin_params(operation, key, fingerprint)
@@ -426,7 +427,7 @@ class Coordinator:
         return claim
 
     def claim(self, conn: Connection[Any], operation: str, key: str,
-              fingerprint: Optional[bytes]) -> Claim:
+              fingerprint: bytes | None) -> Claim:
         """The in-transaction shape: ``with coordinator.claim(conn, ...)
         as c`` runs ``idem_begin`` on ``conn``, in its transaction.  On
         ``c.status == 'new'`` do the effect on ``conn`` and
@@ -437,9 +438,9 @@ class Coordinator:
         return Claim(self, operation, key, fingerprint, conn)
 
     def idempotent(self, operation: str, *, fingerprint_params: Sequence[str] = (),
-                   key_param: str = "idempotency_key", result_type: Optional[Any] = None,
-                   recover: Optional[Callable[..., Any]] = None, in_flight: Optional[str] = None,
-                   lease: _core.Duration = None, ttl: _core.Duration = None, takeover: Optional[str] = None,
+                   key_param: str = "idempotency_key", result_type: Any | None = None,
+                   recover: Callable[..., Any] | None = None, in_flight: str | None = None,
+                   lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                    remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                    on_store_error: str = "raise"
                    ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
@@ -451,9 +452,9 @@ class Coordinator:
 
 
 def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params: Sequence[str] = (),
-               key_param: str = "idempotency_key", result_type: Optional[Any] = None,
-               recover: Optional[Callable[..., Any]] = None, in_flight: Optional[str] = None,
-               lease: _core.Duration = None, ttl: _core.Duration = None, takeover: Optional[str] = None,
+               key_param: str = "idempotency_key", result_type: Any | None = None,
+               recover: Callable[..., Any] | None = None, in_flight: str | None = None,
+               lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                on_store_error: str = "raise"
                ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
@@ -558,7 +559,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
 
 
 def _run_or_abort(claim: Claim, func: Callable[..., Any],
-                        args: Tuple[Any, ...], kwargs: Any) -> Any:
+                        args: tuple[Any, ...], kwargs: Any) -> Any:
     try:
         return func(*args, **kwargs)
     except BaseException:
@@ -569,8 +570,8 @@ def _run_or_abort(claim: Claim, func: Callable[..., Any],
         raise
 
 
-def _recover(claim: Claim, recover: Optional[Callable[..., Any]],
-                   args: Tuple[Any, ...], kwargs: Any) -> Any:
+def _recover(claim: Claim, recover: Callable[..., Any] | None,
+                   args: tuple[Any, ...], kwargs: Any) -> Any:
     if recover is None:
         assert claim.token is not None
         raise RecoveryNeededError(claim.operation, claim.key, claim.token, claim.response)

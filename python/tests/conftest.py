@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any, Callable, Coroutine, Iterator, Optional, TypeVar
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -84,7 +85,7 @@ async def await_for(what: str, condition: Callable[[], bool]) -> None:
         await asyncio.sleep(0.005)
 
 
-def record_state(admin: psycopg.Connection[Any], operation: str, key: str) -> Optional[str]:
+def record_state(admin: psycopg.Connection[Any], operation: str, key: str) -> str | None:
     """idem_inspect's state of the key's record (None: no record)."""
     row = admin.execute("SELECT state FROM idem_inspect(%s::text, %s::text)", (operation, key)).fetchone()
     return str(row[0]) if row else None

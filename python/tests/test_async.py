@@ -4,8 +4,9 @@ shape) and claim(conn, ...) (the in-transaction shape)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any, AsyncIterator, Dict, List
+from typing import Any
 
 import psycopg
 import pytest
@@ -34,11 +35,11 @@ class Provider:
     holds each call until the test opens it."""
 
     def __init__(self) -> None:
-        self.calls: List[Any] = []
-        self.gate: "asyncio.Event | None" = None
+        self.calls: list[Any] = []
+        self.gate: asyncio.Event | None = None
         self.fail_next = False
 
-    async def charge(self, order_id: str, amount: int, key: str) -> Dict[str, Any]:
+    async def charge(self, order_id: str, amount: int, key: str) -> dict[str, Any]:
         self.calls.append((order_id, amount, key))
         if self.gate is not None:
             await self.gate.wait()
@@ -234,7 +235,7 @@ def test_checkpoint_and_recover(admin: psycopg.Connection[Any], needs_1_4: None)
     async def main() -> None:
         async with await open_pool(2) as pool, \
                 idem.AsyncCoordinator(pool, lease=timedelta(milliseconds=200)) as coordinator:
-            seen: List[Any] = []
+            seen: list[Any] = []
 
             async def resume(state: Any, order_id: str, *, idempotency_key: str) -> Any:
                 seen.append(state)

@@ -9,9 +9,10 @@ import asyncio
 import logging
 import threading
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,8 +27,8 @@ OP = "op.free"
 
 
 #: the lease of the claim of each running call, as the server has it
-LEASES: Dict[str, timedelta] = {}
-ADMIN: List[psycopg.Connection[Any]] = []
+LEASES: dict[str, timedelta] = {}
+ADMIN: list[psycopg.Connection[Any]] = []
 
 
 def note_lease(key: str) -> None:
@@ -49,11 +50,11 @@ class Service:
 
     def __init__(self, coordinator: idem.AsyncCoordinator) -> None:
         self.coordinator = coordinator
-        self.calls: List[str] = []
+        self.calls: list[str] = []
 
     @idem.idempotent(OP, coordinator="self.coordinator", fingerprint_params=("order_id",),
                      key_param="request_key", lease=timedelta(seconds=20))
-    async def charge(self, order_id: str, *, request_key: Optional[str]) -> Dict[str, Any]:
+    async def charge(self, order_id: str, *, request_key: str | None) -> dict[str, Any]:
         self.calls.append(order_id)
         note_lease(str(request_key))
         return {"order": order_id, "n": len(self.calls)}
@@ -64,7 +65,7 @@ async def by_parameter(amount: int, *, coordinator: idem.AsyncCoordinator, idemp
     return amount * 2
 
 
-HOLDER: Dict[str, idem.Coordinator] = {}
+HOLDER: dict[str, idem.Coordinator] = {}
 
 
 @idem.idempotent(OP, coordinator=lambda: HOLDER["coordinator"], fingerprint_params=("amount",),
@@ -74,7 +75,7 @@ def by_callable(amount: int, *, idempotency_key: str) -> int:
     return amount + 1
 
 
-def spans(admin: psycopg.Connection[Any], key: str) -> Tuple[Any, ...]:
+def spans(admin: psycopg.Connection[Any], key: str) -> tuple[Any, ...]:
     row = admin.execute("SELECT expires_at - completed_at, remembered_until - completed_at"
                         "  FROM idem_inspect(%s::text, %s::text)", (OP, key)).fetchone()
     assert row is not None
@@ -143,7 +144,7 @@ def test_wait_timeout_async(admin: psycopg.Connection[Any]) -> None:
     async def main() -> None:
         async with await open_pool(2) as pool, idem.AsyncCoordinator(pool) as coordinator:
             gate = asyncio.Event()
-            runs: List[int] = []
+            runs: list[int] = []
 
             @coordinator.idempotent(OP, wait_timeout=timedelta(milliseconds=200))
             async def slow(*, idempotency_key: str) -> int:
@@ -191,7 +192,7 @@ UNREACHABLE = "host=/nonexistent-idempotency-test-socket-dir port=1 connect_time
 def test_unreachable_store_closed_by_default_and_fail_open(caplog: pytest.LogCaptureFixture) -> None:
     """No connection to the store: the call raises (default), or, with
     on_store_error="run", runs unguarded, logged and reported."""
-    seen: List[Tuple[str, str]] = []
+    seen: list[tuple[str, str]] = []
 
     async def main() -> None:
         pool = AsyncConnectionPool(UNREACHABLE, min_size=1, max_size=1, timeout=0.5, open=False,
@@ -199,7 +200,7 @@ def test_unreachable_store_closed_by_default_and_fail_open(caplog: pytest.LogCap
         await pool.open(wait=False)
         try:
             async with idem.AsyncCoordinator(pool, on_outcome=lambda op, o: seen.append((op, o))) as c:
-                runs: List[str] = []
+                runs: list[str] = []
 
                 @idem.idempotent("payment.charge", coordinator=c)
                 async def closed(*, idempotency_key: str) -> str:
@@ -229,7 +230,7 @@ def test_outcomes_are_logged_and_reported(admin: psycopg.Connection[Any], needs_
                                           caplog: pytest.LogCaptureFixture) -> None:
     """new, replay, key_reuse, in_progress, expired (IK410), recover: each
     logged at debug level with the key, and passed to on_outcome."""
-    seen: List[Tuple[str, str]] = []
+    seen: list[tuple[str, str]] = []
     caplog.set_level(logging.DEBUG, logger="idempotency_pg")
     with ConnectionPool("", min_size=1, max_size=3, timeout=10, open=True) as pool, \
             idem.Coordinator(pool, in_flight="raise", remember=timedelta(days=30), takeover="session",

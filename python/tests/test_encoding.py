@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import psycopg
 import pytest
@@ -48,9 +48,9 @@ class Charge:
     at: datetime
     total: Decimal
     state: State
-    lines: List[Line] = field(default_factory=list)
-    receipt: Optional[Receipt] = None
-    pair: Tuple[int, str] = (0, "")
+    lines: list[Line] = field(default_factory=list)
+    receipt: Receipt | None = None
+    pair: tuple[int, str] = (0, "")
 
 
 def stored(admin: psycopg.Connection[Any], key: str) -> Any:
@@ -79,11 +79,11 @@ def test_round_trip_async(admin: psycopg.Connection[Any]) -> None:
                 return Decimal("1E+2")
 
             @coordinator.idempotent(OP)
-            async def when(*, idempotency_key: str) -> Optional[datetime]:
+            async def when(*, idempotency_key: str) -> datetime | None:
                 return AT
 
             @coordinator.idempotent(OP)
-            async def ids(*, idempotency_key: str) -> Dict[str, uuid.UUID]:
+            async def ids(*, idempotency_key: str) -> dict[str, uuid.UUID]:
                 return {"a": ID}
 
             for func, expected in ((charge, CHARGE), (receipt, CHARGE.receipt), (total, Decimal("1E+2")),
@@ -122,6 +122,6 @@ def test_encoder_refuses_what_json_cannot_keep() -> None:
         with pytest.raises((TypeError, ValueError)):
             encode(value)
     # JSON's own types come back as stored, whatever the annotation says of them
-    assert decode({"a": 1}, Dict[str, Any]) == {"a": 1} and decode([1], Any) == [1]
+    assert decode({"a": 1}, dict[str, Any]) == {"a": 1} and decode([1], Any) == [1]
     with pytest.raises(TypeError):
         decode(5, datetime)

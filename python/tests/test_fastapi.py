@@ -5,8 +5,9 @@ HTTP table."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any, AsyncIterator, Dict, List, Optional
+from typing import Any
 
 import httpx
 import psycopg
@@ -27,7 +28,7 @@ BIG = 2 ** 62 + 1   # no float keeps it
 class Item(BaseModel):
     name: str
     qty: int
-    note: Optional[str] = None
+    note: str | None = None
 
 
 class Made(BaseModel):
@@ -35,7 +36,7 @@ class Made(BaseModel):
     serial: int
 
 
-def make_app(coordinator: idem.AsyncCoordinator, gate: asyncio.Event, calls: List[str]) -> FastAPI:
+def make_app(coordinator: idem.AsyncCoordinator, gate: asyncio.Event, calls: list[str]) -> FastAPI:
     app = FastAPI()
     app.state.coordinator = coordinator
 
@@ -72,7 +73,7 @@ async def client_for(app: FastAPI) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")  # type: ignore[arg-type]
 
 
-def key_header(key: str) -> Dict[str, str]:
+def key_header(key: str) -> dict[str, str]:
     return {"Idempotency-Key": f'"{key}"'}
 
 
@@ -83,7 +84,7 @@ def test_routes(admin: psycopg.Connection[Any]) -> None:
             async with await client_for(make_app(c, gate, calls)) as client:
                 body = {"name": "a", "qty": 2}
                 # the header: 400 problem+json, before anything is claimed
-                bad: List[Dict[str, str]] = [{}, {"Idempotency-Key": '""'}, {"Idempotency-Key": "a b"},
+                bad: list[dict[str, str]] = [{}, {"Idempotency-Key": '""'}, {"Idempotency-Key": "a b"},
                                              {"Idempotency-Key": '"' + "k" * 256 + '"'}]
                 for headers in bad:
                     r = await client.post("/items", json=body, headers=headers)

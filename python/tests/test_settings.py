@@ -4,8 +4,9 @@ so that the server's settings (docs/settings.md, "Settings") apply."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest

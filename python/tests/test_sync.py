@@ -4,9 +4,10 @@ behaviour as AsyncCoordinator."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Dict, Iterator, List
+from typing import Any
 
 import psycopg
 import pytest
@@ -23,12 +24,12 @@ class Provider:
     """Counts its calls; each call waits for ``gate`` (set unless a test clears it)."""
 
     def __init__(self) -> None:
-        self.calls: List[Any] = []
+        self.calls: list[Any] = []
         self.gate = threading.Event()
         self.gate.set()
         self.fail_next = False
 
-    def charge(self, order_id: str, amount: int, key: str) -> Dict[str, Any]:
+    def charge(self, order_id: str, amount: int, key: str) -> dict[str, Any]:
         self.calls.append((order_id, amount, key))
         assert self.gate.wait(30)
         if self.fail_next:
@@ -45,7 +46,7 @@ def pool() -> Iterator[ConnectionPool]:
 
 def service(coordinator: idem.Coordinator, provider: Provider) -> Any:
     @coordinator.idempotent(operation=OP, fingerprint_params=("order_id", "amount"))
-    def charge(order_id: str, amount: int, *, idempotency_key: "str | None") -> Any:
+    def charge(order_id: str, amount: int, *, idempotency_key: str | None) -> Any:
         return provider.charge(order_id, amount, idempotency_key or "")
     return charge
 

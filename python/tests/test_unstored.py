@@ -6,7 +6,7 @@ instead of running the function a second time."""
 from __future__ import annotations
 
 import logging
-from typing import Any, List
+from typing import Any
 
 import psycopg
 import pytest
@@ -39,7 +39,7 @@ def kill_other_backends(admin: psycopg.Connection[Any]) -> None:
     assert left is not None and left[0] == 0
 
 
-def logged_errors(caplog: pytest.LogCaptureFixture, key: str) -> List[str]:
+def logged_errors(caplog: pytest.LogCaptureFixture, key: str) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == "idempotency_pg" and r.levelno == logging.ERROR and key in r.getMessage()]
 
@@ -51,7 +51,7 @@ def test_unstorable_result_async(admin: psycopg.Connection[Any], needs_1_4: None
         # a 1 s lease: without a checkpoint the retry would run the function again after it
         async with await open_pool(2) as pool, \
                 idem.AsyncCoordinator(pool, takeover="session", lease=1) as coordinator:
-            ran: List[str] = []
+            ran: list[str] = []
 
             @coordinator.idempotent(operation=OP)
             async def act(*, idempotency_key: str) -> Any:
@@ -81,7 +81,7 @@ def test_unstorable_result_sync(admin: psycopg.Connection[Any], needs_1_4: None,
     own checkpoint is what the retry's recover= gets."""
     with ConnectionPool("", min_size=1, max_size=2, timeout=10, open=True) as pool, \
             idem.Coordinator(pool, takeover="session", lease=1) as coordinator:
-        ran: List[str] = []
+        ran: list[str] = []
 
         @coordinator.idempotent(operation=OP, recover=lambda state, **_: {"recovered": state})
         def act(*, idempotency_key: str) -> Any:
@@ -104,7 +104,7 @@ def test_connection_lost_before_the_finish_async(admin: psycopg.Connection[Any],
     async def main() -> None:
         async with await open_pool(2) as pool, \
                 idem.AsyncCoordinator(pool, takeover="session", lease=1) as coordinator:
-            ran: List[str] = []
+            ran: list[str] = []
 
             @coordinator.idempotent(operation=OP)
             async def act(*, idempotency_key: str) -> Any:
@@ -123,7 +123,7 @@ def test_connection_lost_before_the_finish_async(admin: psycopg.Connection[Any],
 def test_connection_lost_before_the_finish_sync(admin: psycopg.Connection[Any], needs_1_4: None) -> None:
     with ConnectionPool("", min_size=1, max_size=2, timeout=10, open=True) as pool, \
             idem.Coordinator(pool, takeover="session", lease=1) as coordinator:
-        ran: List[str] = []
+        ran: list[str] = []
 
         @coordinator.idempotent(operation=OP)
         def act(*, idempotency_key: str) -> Any:

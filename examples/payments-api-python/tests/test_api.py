@@ -12,8 +12,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any
 
 import httpx
 import psycopg
@@ -42,7 +43,7 @@ def db() -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
-def start_api(env: Dict[str, str]) -> "tuple[subprocess.Popen[bytes], str]":
+def start_api(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "--factory", "app:from_env", "--host", "127.0.0.1",
@@ -64,8 +65,8 @@ def start_api(env: Dict[str, str]) -> "tuple[subprocess.Popen[bytes], str]":
 
 
 @pytest.fixture(scope="module")
-def apis(db: psycopg.Connection[Any]) -> Iterator[Dict[str, str]]:
-    procs: List[subprocess.Popen[bytes]] = []
+def apis(db: psycopg.Connection[Any]) -> Iterator[dict[str, str]]:
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         bases = {}
         for mode in ("wait", "raise"):
@@ -79,8 +80,8 @@ def apis(db: psycopg.Connection[Any]) -> Iterator[Dict[str, str]]:
             proc.wait(10)
 
 
-async def post(client: httpx.AsyncClient, base: str, key: Optional[str], body: Any,
-               raw_key: Optional[str] = None, timeout: float = 15.0) -> httpx.Response:
+async def post(client: httpx.AsyncClient, base: str, key: str | None, body: Any,
+               raw_key: str | None = None, timeout: float = 15.0) -> httpx.Response:
     headers = {"content-type": "application/json"}
     if key is not None:
         headers["idempotency-key"] = '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -109,7 +110,7 @@ async def until_pending(db: psycopg.Connection[Any], key: str) -> None:
         await asyncio.sleep(0.005)
 
 
-def assert_charge(r: httpx.Response, body: Dict[str, Any]) -> None:
+def assert_charge(r: httpx.Response, body: dict[str, Any]) -> None:
     assert r.status_code == 201, r.text
     assert r.headers["content-type"] == "application/json; charset=utf-8"
     j = r.json()
@@ -128,7 +129,7 @@ def assert_problem(r: httpx.Response, status: int, type_: str) -> None:
     assert r.json()["type"] == f"/problems/{type_}" and r.json()["status"] == status
 
 
-def test_client_gives_up_after_50ms_and_retries(db: psycopg.Connection[Any], apis: Dict[str, str]) -> None:
+def test_client_gives_up_after_50ms_and_retries(db: psycopg.Connection[Any], apis: dict[str, str]) -> None:
     """The seed scenario: one charge, and the retry gets the first attempt's response."""
     key, body = new_key("timeout-retry"), {"customer": "cus_alice", "amount": 1000, "currency": "EUR"}
 
@@ -150,10 +151,10 @@ def test_client_gives_up_after_50ms_and_retries(db: psycopg.Connection[Any], api
     assert charges_for(db, key) == 1
 
 
-def test_12_simultaneous_duplicates(db: psycopg.Connection[Any], apis: Dict[str, str]) -> None:
+def test_12_simultaneous_duplicates(db: psycopg.Connection[Any], apis: dict[str, str]) -> None:
     key, body = new_key("burst"), {"customer": "cus_bob", "amount": 2500, "currency": "USD"}
 
-    async def main() -> List[httpx.Response]:
+    async def main() -> list[httpx.Response]:
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=20)) as client:
             return list(await asyncio.gather(*(post(client, apis["wait"], key, body) for _ in range(12))))
     responses = asyncio.run(main())
@@ -164,7 +165,7 @@ def test_12_simultaneous_duplicates(db: psycopg.Connection[Any], apis: Dict[str,
     assert charges_for(db, key) == 1
 
 
-def test_raise_gives_409_while_running(db: psycopg.Connection[Any], apis: Dict[str, str]) -> None:
+def test_raise_gives_409_while_running(db: psycopg.Connection[Any], apis: dict[str, str]) -> None:
     key, body = new_key("raise"), {"customer": "cus_carol", "amount": 700, "currency": "GBP"}
 
     async def main() -> None:
@@ -182,7 +183,7 @@ def test_raise_gives_409_while_running(db: psycopg.Connection[Any], apis: Dict[s
     assert charges_for(db, key) == 1
 
 
-def test_key_reused_with_another_amount(db: psycopg.Connection[Any], apis: Dict[str, str]) -> None:
+def test_key_reused_with_another_amount(db: psycopg.Connection[Any], apis: dict[str, str]) -> None:
     key, body = new_key("reuse"), {"customer": "cus_dave", "amount": 1000, "currency": "EUR"}
 
     def server_fp(amount: int) -> str:
@@ -204,7 +205,7 @@ def test_key_reused_with_another_amount(db: psycopg.Connection[Any], apis: Dict[
     assert charges_for(db, key) == 1
 
 
-def test_bad_keys_and_bodies_are_400(db: psycopg.Connection[Any], apis: Dict[str, str]) -> None:
+def test_bad_keys_and_bodies_are_400(db: psycopg.Connection[Any], apis: dict[str, str]) -> None:
     body = {"customer": "cus_bad_key", "amount": 100, "currency": "EUR"}
 
     async def main() -> None:
@@ -224,7 +225,7 @@ def test_bad_keys_and_bodies_are_400(db: psycopg.Connection[Any], apis: Dict[str
     assert row == (1,)
 
 
-def test_provider_failure_then_retry(db: psycopg.Connection[Any], apis: Dict[str, str]) -> None:
+def test_provider_failure_then_retry(db: psycopg.Connection[Any], apis: dict[str, str]) -> None:
     key, body = new_key("flaky"), {"customer": "cus_flaky", "amount": 4200, "currency": "EUR"}
 
     async def main() -> None:
@@ -239,7 +240,7 @@ def test_provider_failure_then_retry(db: psycopg.Connection[Any], apis: Dict[str
     assert charges_for(db, key) == 1
 
 
-def test_one_charge_per_key_in_total(db: psycopg.Connection[Any], apis: Dict[str, str]) -> None:
+def test_one_charge_per_key_in_total(db: psycopg.Connection[Any], apis: dict[str, str]) -> None:
     """After the tests above (run in file order): every key charged once, no claim left pending."""
     row = db.execute("SELECT count(*), count(DISTINCT provider_key), sum(calls) FROM provider_charges").fetchone()
     assert row == (6, 6, 6)
@@ -260,7 +261,7 @@ def test_killed_mid_charge_then_restarted(db: psycopg.Connection[Any]) -> None:
     recovery = bool(row and row[0])
     key, body = new_key("killed"), {"customer": "cus_kim", "amount": 800, "currency": "EUR"}
     env = {"IN_FLIGHT": "wait", "LEASE_S": "2"}
-    procs: List[subprocess.Popen[bytes]] = []
+    procs: list[subprocess.Popen[bytes]] = []
 
     async def main() -> httpx.Response:
         proc, base = start_api(env)
