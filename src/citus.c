@@ -93,7 +93,7 @@ static void (*use_2pc) (void) = NULL;
 /*
  * Refuse to open the records on a Citus worker; on the coordinator, make a
  * transaction that opens them to write commit its workers in two phases
- * (docs/operations.md, "On Citus").
+ * (docs/scaling-out.md).
  */
 void
 idem_citus_check_node(bool write)

@@ -4,7 +4,7 @@
 # The extension on a real Citus cluster: a coordinator and two workers,
 # each its own server with citus and idempotency preloaded, and a charges
 # table distributed by merchant.  The records are served by the
-# coordinator (docs/operations.md, "On Citus"):
+# coordinator (docs/scaling-out.md):
 #
 #  - a worker refuses every call that would open its own, separate record
 #    tables (0A000), and writes nothing;
