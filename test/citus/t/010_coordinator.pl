@@ -25,45 +25,17 @@ use warnings;
 
 use FindBin;
 use lib "$FindBin::RealBin/../../t";
+use lib $FindBin::RealBin;
+use CitusCluster;
 use IdemTest qw(:DEFAULT try_sql);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
-# A server with citus and idempotency preloaded, and CREATE EXTENSION citus
-sub citus_node
-{
-	my ($name) = @_;
-	my $n = PostgreSQL::Test::Cluster->new($name);
-	# max_wal_senders > 0: a synchronous standby can be waited for
-	$n->init(allows_streaming => 'logical');
-	$n->append_conf('postgresql.conf', q{
-shared_preload_libraries = 'citus,idempotency'
-# Citus opens a connection, and prepares a transaction, per shard of a DDL
-# statement
-max_connections = 100
-max_prepared_transactions = 100
-# 2PC recovery when the test asks for it (recover_prepared_transactions)
-citus.recover_2pc_interval = -1
-citus.enable_statistics_collection = off
-});
-	# how the node's background jobs (the rebalancer) reach it: its socket
-	$n->append_conf('postgresql.conf', "citus.local_hostname = '" . $n->host . "'");
-	$n->start;
-	$n->safe_psql('postgres', 'CREATE EXTENSION citus');
-	return $n;
-}
-
-my @nodes = map { citus_node($_) } qw(coordinator worker1 worker2);
+my @nodes = citus_cluster();
 my ($coord, $w1, $w2) = @nodes;
 my %worker = (worker1 => $w1, worker2 => $w2);
 
-$coord->safe_psql('postgres',
-	sprintf(q{SELECT citus_set_coordinator_host('%s', %d)}, $coord->host, $coord->port));
-for my $w ($w1, $w2)
-{
-	$coord->safe_psql('postgres', sprintf(q{SELECT citus_add_node('%s', %d)}, $w->host, $w->port));
-}
 $coord->safe_psql('postgres', q{
 	CREATE EXTENSION idempotency;
 	CREATE TABLE charges (merchant_id bigint NOT NULL, key text NOT NULL, amount int NOT NULL);
