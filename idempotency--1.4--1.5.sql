@@ -140,3 +140,151 @@ GRANT SELECT ON @extschema@.idem_stats_counters TO PUBLIC;
  * holds from here on.
  */
 SELECT @extschema@.idem_set_durability(@extschema@.idem_durability());
+
+/*
+ * idem_distribute() (docs/scaling-out.md): on a Citus coordinator, turn the
+ * records into distributed tables, hash-distributed by key over the
+ * workers and colocated, and make the functions that take a key distributed
+ * functions, delegated by that key to the node holding its shard, where
+ * the C code opens the shards.  Records in flight are carried along.
+ * Returns whether it distributed them now (false: they were already).
+ * Run again after adding a node: it prepares the new node's own tables.
+ *
+ * idem_distribute_node() prepares one node's tables, as every node needs
+ * them: role_id holds the role's name (a role's OID differs from node to
+ * node, and Citus copies shards row by row in binary), the tables are in
+ * mode 'all' (Citus moves shards by logical replication, which carries no
+ * unlogged table), and the settle_records triggers, which Citus does not
+ * distribute, are gone (a dump of a distributed cluster is restored by
+ * Citus's own procedure).  idem_monitor joins roles by name, and pg_dump
+ * keeps the records of roles that exist by name too.
+ */
+CREATE FUNCTION @extschema@.idem_distribute_node()
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $idem_distribute_node$
+DECLARE
+	monitor text;
+	filter CONSTANT text :=
+		'WHERE role_id OPERATOR(pg_catalog.=) ANY (SELECT rolname FROM pg_catalog.pg_roles)';
+BEGIN
+	IF (SELECT atttypid FROM pg_attribute
+		 WHERE attrelid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass
+		   AND attname OPERATOR(pg_catalog.=) 'role_id') OPERATOR(pg_catalog.=) 'name'::regtype THEN
+		RETURN false;
+	END IF;
+	-- the node's own changes: Citus must not send them on
+	PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
+
+	IF EXISTS (SELECT FROM @extschema@.idem_record
+				WHERE holder IS NOT NULL AND completed_at IS NULL) THEN
+		RAISE EXCEPTION 'idempotency records with pending session claims cannot be distributed'
+			USING ERRCODE = '55006',
+				  DETAIL = 'A claim made with takeover => ''session'' follows its session, which a distributed call does not keep.',
+				  HINT = 'Finish or abort the claims made with takeover => ''session'', then call idem_distribute() again.';
+	END IF;
+	IF (SELECT relpersistence FROM pg_class
+		 WHERE oid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass) OPERATOR(pg_catalog.<>) 'p'
+	   OR (SELECT relpersistence FROM pg_class
+			WHERE oid OPERATOR(pg_catalog.=) '@extschema@.idem_result'::regclass) OPERATOR(pg_catalog.<>) 'p' THEN
+		IF (SELECT groupid FROM pg_dist_local_group) OPERATOR(pg_catalog.=) 0 THEN
+			PERFORM @extschema@.idem_set_durability('all');
+		ELSE
+			-- a worker's own tables, which no call reads
+			ALTER TABLE @extschema@.idem_record SET LOGGED;
+			ALTER TABLE @extschema@.idem_result SET LOGGED;
+		END IF;
+	END IF;
+	DROP TRIGGER IF EXISTS settle_records ON @extschema@.idem_record;
+	DROP TRIGGER IF EXISTS settle_records ON @extschema@.idem_result;
+
+	monitor := pg_get_viewdef('@extschema@.idem_monitor'::regclass);
+	IF strpos(monitor, '(a.oid = (g.role_id)::oid)') OPERATOR(pg_catalog.=) 0 THEN
+		RAISE EXCEPTION 'view idem_monitor is not the extension''s'
+			USING ERRCODE = '55000', DETAIL = monitor;
+	END IF;
+	monitor := replace(monitor, '(a.oid = (g.role_id)::oid)', '(a.rolname = g.role_id)');
+	ALTER EXTENSION idempotency DROP VIEW @extschema@.idem_monitor;
+	DROP VIEW @extschema@.idem_monitor;
+
+	ALTER TABLE @extschema@.idem_record
+		ALTER COLUMN role_id TYPE pg_catalog.name COLLATE "C" USING pg_catalog.pg_get_userbyid(role_id);
+	ALTER TABLE @extschema@.idem_result
+		ALTER COLUMN role_id TYPE pg_catalog.name COLLATE "C" USING pg_catalog.pg_get_userbyid(role_id);
+
+	EXECUTE format('CREATE VIEW @extschema@.idem_monitor WITH (security_barrier) AS %s', monitor);
+	ALTER EXTENSION idempotency ADD VIEW @extschema@.idem_monitor;
+	REVOKE ALL ON @extschema@.idem_monitor FROM PUBLIC;
+	GRANT SELECT ON @extschema@.idem_monitor TO pg_monitor;
+
+	/* pg_extension_config_dump() runs only in a script: its filters, by hand */
+	UPDATE pg_extension
+	   SET extcondition = ARRAY(SELECT CASE WHEN c OPERATOR(pg_catalog.~~) '%role_id%' THEN filter ELSE c END
+								  FROM unnest(extcondition) WITH ORDINALITY AS u(c, i) ORDER BY i)
+	 WHERE extname OPERATOR(pg_catalog.=) 'idempotency';
+	RETURN true;
+END
+$idem_distribute_node$;
+
+CREATE FUNCTION @extschema@.idem_distribute()
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $idem_distribute$
+DECLARE
+	failed text;
+	fn regprocedure;
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus') THEN
+		RAISE EXCEPTION 'idem_distribute() needs Citus'
+			USING ERRCODE = '55000', HINT = 'Run it on the coordinator of a Citus cluster.';
+	END IF;
+	IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user) THEN
+		RAISE EXCEPTION 'permission denied to distribute idempotency records'
+			USING ERRCODE = '42501', DETAIL = 'Only a superuser may call idem_distribute().';
+	END IF;
+	IF (SELECT groupid FROM pg_dist_local_group) OPERATOR(pg_catalog.<>) 0 THEN
+		RAISE EXCEPTION 'idem_distribute() runs on the Citus coordinator'
+			USING ERRCODE = '0A000';
+	END IF;
+	-- no claim or finish runs on the tables while they change
+	LOCK TABLE @extschema@.idem_record, @extschema@.idem_result IN ACCESS EXCLUSIVE MODE;
+
+	PERFORM @extschema@.idem_distribute_node();
+	SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ') INTO failed
+	  FROM run_command_on_workers('SELECT @extschema@.idem_distribute_node()')
+	 WHERE NOT success;
+	IF failed IS NOT NULL THEN
+		RAISE EXCEPTION 'idempotency records could not be prepared on every worker'
+			USING ERRCODE = '55000', DETAIL = failed;
+	END IF;
+
+	IF EXISTS (SELECT FROM pg_dist_partition
+				WHERE logicalrelid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass) THEN
+		RETURN false;
+	END IF;
+	PERFORM create_distributed_table('@extschema@.idem_record', 'key');
+	PERFORM create_distributed_table('@extschema@.idem_result', 'key',
+									 colocate_with => '@extschema@.idem_record');
+	PERFORM truncate_local_data_after_distributing_table('@extschema@.idem_record');
+	PERFORM truncate_local_data_after_distributing_table('@extschema@.idem_result');
+	FOREACH fn IN ARRAY ARRAY[
+		'@extschema@.idem_begin(text, text, bytea, text, interval, interval, text, interval)',
+		'@extschema@.idem_finish(text, text, int8, jsonb)',
+		'@extschema@.idem_abort(text, text, int8)',
+		'@extschema@.idem_renew(text, text, int8, interval)',
+		'@extschema@.idem_checkpoint(text, text, int8, jsonb)',
+		'@extschema@.idem_inspect(text, text)',
+		'@extschema@.idem_forget(text, text, name, bool)']::regprocedure[]
+	LOOP
+		PERFORM create_distributed_function(fn, '$2',
+											colocate_with => '@extschema@.idem_record',
+											force_delegation => true);
+	END LOOP;
+	RETURN true;
+END
+$idem_distribute$;
+
+REVOKE ALL ON FUNCTION @extschema@.idem_distribute() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_distribute_node() FROM PUBLIC;

@@ -8,6 +8,11 @@
 #ifndef IDEM_CITUS_H
 #define IDEM_CITUS_H
 
-extern void idem_citus_check_node(bool write);
+#include "nodes/pg_list.h"
+#include "catalog.h"
+
+extern bool idem_citus_route(IdemObjects *objects, const text *key, bool write);
+extern List *idem_citus_local_parts(const IdemObjects *objects);
+extern bool idem_citus_distributed(Oid records);
 
 #endif							/* IDEM_CITUS_H */

@@ -156,7 +156,7 @@ raise_stale_token(FunctionCallInfo fcinfo, const IdemKey *key, int64 token)
 	bool		found;
 	char	   *detail;
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock, key);
 	found = idem_store_fetch(&store, key, &rec);
 	idem_store_close(&store, false);
 
@@ -388,7 +388,7 @@ claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 			idem_store_close(store, true);
 			idem_wait_for_wakeup(key, rec->holder, rec->expires_at,
 								 lock_deadline, relids, nrelids);
-			idem_store_open(store, store->fn_oid, store->lockmode);
+			idem_store_reopen(store);
 			continue;
 		}
 
@@ -512,7 +512,19 @@ idem_begin(PG_FUNCTION_ARGS)
 
 	PreventCommandIfReadOnly("idem_begin()");
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock, &key);
+
+	/*
+	 * A delegated call runs in a backend Citus keeps open for the node it
+	 * came from: the session a 'session' claim would follow is not the
+	 * caller's.
+	 */
+	if (store.distributed && req.takeover == IDEM_TAKEOVER_SESSION)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("takeover => 'session' is not available on distributed idempotency records"),
+				 errdetail("Citus runs the call in a connection of its own on the node that holds the key, which outlives the calling session or ends before it."),
+				 errhint("Use takeover => 'lease' with a lease the attempt renews.")));
 	status = claim_begin(&store, &key, &req, &rec, &waited_since);
 	idem_store_close(&store, false);
 
@@ -682,7 +694,7 @@ act_on_claim_for(FunctionCallInfo fcinfo, const char *fname, const IdemKey *key,
 
 	PreventCommandIfReadOnly(fname);
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock, key);
 	held = act_on_claim(&store, key, token, action, response, lease, rec);
 	idem_store_close(&store, false);
 	return held;
@@ -836,7 +848,7 @@ idem_forget(PG_FUNCTION_ARGS)
 
 	PreventCommandIfReadOnly("idem_forget()");
 	idem_lock_key(&key);
-	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock, &key);
 	for (;;)
 	{
 		TimestampTz now = GetCurrentTimestamp();

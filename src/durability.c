@@ -45,6 +45,7 @@
 
 #include "args.h"
 #include "catalog.h"
+#include "citus.h"
 #include "durability.h"
 #include "idempotency.h"
 #include "locks.h"
@@ -128,7 +129,7 @@ move_all(Oid fn_oid, bool to_results)
 
 	CommandCounterIncrement();
 	PushActiveSnapshot(GetLatestSnapshot());
-	idem_store_open(&store, fn_oid, AccessExclusiveLock);
+	idem_store_open(&store, fn_oid, AccessExclusiveLock, NULL);
 	(void) idem_store_move_batch(&store, to_results ? IDEM_RECORDS : IDEM_RESULTS,
 								 !to_results, PG_INT64_MAX);
 	idem_store_close(&store, false);
@@ -213,11 +214,30 @@ switch_tables(Oid fn_oid, IdemDurability mode)
  * Run fn(fn_oid, mode) connected to SPI with switching set, whatever
  * happens.
  */
+/*
+ * Distributed records stay in mode 'all' (docs/scaling-out.md): Citus moves
+ * a shard by logical replication, which carries no unlogged table.
+ */
+static void
+refuse_distributed(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("the durability mode of distributed idempotency records cannot be switched"),
+			 errdetail("Distributed records are kept in mode 'all' on every node: Citus moves shards by logical replication, which carries no unlogged table.")));
+}
+
 static void
 while_switching(void (*fn) (Oid, IdemDurability), Oid fn_oid, IdemDurability mode)
 {
 	bool		was = switching;
 
+	if (idem_citus_distributed(idem_catalog_record_relid(fn_oid)))
+	{
+		if (mode == IDEM_DURABILITY_ALL)
+			return;
+		refuse_distributed();
+	}
 	switching = true;
 	PG_TRY();
 	{
@@ -385,7 +405,7 @@ drain(Oid fn_oid, int from, bool all, int64 batch)
 	do
 	{
 		PushActiveSnapshot(GetTransactionSnapshot());
-		idem_store_open(&store, fn_oid, RowExclusiveLock);
+		idem_store_open(&store, fn_oid, RowExclusiveLock, NULL);
 		moved = idem_store_move_batch(&store, from, all, batch);
 		idem_store_close(&store, false);
 		PopActiveSnapshot();
@@ -408,7 +428,7 @@ drain_and_flip(Oid fn_oid, int from, bool all, bool logged, int64 batch)
 				idem_qualified_name(idem_catalog_result_relid(fn_oid)));
 	/* a snapshot taken once we hold the locks sees every finished write */
 	PushActiveSnapshot(GetTransactionSnapshot());
-	idem_store_open(&store, fn_oid, AccessExclusiveLock);
+	idem_store_open(&store, fn_oid, AccessExclusiveLock, NULL);
 	(void) idem_store_move_batch(&store, from, all, PG_INT64_MAX);
 	idem_store_close(&store, false);
 	idem_run_sql(psprintf("ALTER TABLE %s SET %s", idem_qualified_name(relid),
@@ -463,6 +483,12 @@ idem_set_durability_online(PG_FUNCTION_ARGS)
 	idem_require_arg(fcinfo, 0, "mode");
 	idem_require_arg(fcinfo, 1, "batch_size");
 	target = idem_durability_from_name(text_to_cstring(PG_GETARG_TEXT_PP(0)));
+	if (idem_citus_distributed(idem_catalog_record_relid(fn_oid)))
+	{
+		if (target == IDEM_DURABILITY_ALL)
+			PG_RETURN_VOID();
+		refuse_distributed();
+	}
 	batch = PG_GETARG_INT32(1);
 	if (batch < 1)
 		ereport(ERROR,

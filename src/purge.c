@@ -38,10 +38,12 @@
 
 #include "args.h"
 #include "catalog.h"
+#include "citus.h"
 #include "counters.h"
 #include "idempotency.h"
 #include "purge.h"
 #include "sql.h"
+#include "store.h"
 
 PG_FUNCTION_INFO_V1(idem_purge);
 
@@ -100,6 +102,31 @@ purge_table(Oid relid, int32 max_rows)
 }
 
 /*
+ * Delete up to max_rows expired records of one part of the store.
+ *
+ * Lock the tables in the order everything else does, idem_record first: a
+ * switch that holds idem_record and waits for idem_result must not find us
+ * holding idem_result and waiting for idem_record.
+ */
+static uint64
+purge_part(const IdemObjects *part, int32 max_rows)
+{
+	uint64		deleted = 0;
+
+	LockRelationOid(part->records, RowExclusiveLock);
+	if (OidIsValid(part->results))
+		LockRelationOid(part->results, RowExclusiveLock);
+
+	SPI_connect();
+	if (OidIsValid(part->results))
+		deleted = purge_table(part->results, max_rows);
+	if (deleted < (uint64) max_rows)
+		deleted += purge_table(part->records, max_rows - (int32) deleted);
+	SPI_finish();
+	return deleted;
+}
+
+/*
  * Delete up to max_rows expired records: completed ones past their
  * retention and pending ones whose lease lapsed, from idem_result first.
  * Records a concurrent transaction is working on are skipped, not waited
@@ -110,9 +137,8 @@ Datum
 idem_purge(PG_FUNCTION_ARGS)
 {
 	int32		max_rows;
-	Oid			record_relid;
-	Oid			result_relid;
 	uint64		deleted = 0;
+	ListCell   *lc;
 
 	idem_require_arg(fcinfo, 0, "max_rows");
 	max_rows = PG_GETARG_INT32(0);
@@ -121,24 +147,24 @@ idem_purge(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("argument \"%s\" must be positive", "max_rows")));
 
-	record_relid = idem_catalog_record_relid(fcinfo->flinfo->fn_oid);
-	result_relid = idem_catalog_result_relid(fcinfo->flinfo->fn_oid);
-
 	/*
-	 * Lock the tables in the order everything else does, idem_record
-	 * first: a switch that holds idem_record and waits for idem_result
-	 * must not find us holding idem_result and waiting for idem_record.
+	 * The tables, or on a node with distributed records this node's shards
+	 * of them, which Citus lets us change only when told so.
 	 */
-	LockRelationOid(record_relid, RowExclusiveLock);
-	if (OidIsValid(result_relid))
-		LockRelationOid(result_relid, RowExclusiveLock);
+	foreach(lc, idem_store_parts(fcinfo->flinfo->fn_oid))
+	{
+		IdemObjects *part = (IdemObjects *) lfirst(lc);
+		int			nest = NewGUCNestLevel();
 
-	SPI_connect();
-	if (OidIsValid(result_relid))
-		deleted = purge_table(result_relid, max_rows);
-	if (deleted < (uint64) max_rows)
-		deleted += purge_table(record_relid, max_rows - (int32) deleted);
-	SPI_finish();
+		if (deleted >= (uint64) max_rows)
+			break;
+		if (idem_citus_distributed(idem_catalog_record_relid(fcinfo->flinfo->fn_oid)))
+			(void) set_config_option("citus.enable_manual_changes_to_shards", "on",
+									 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+									 true, 0, false);
+		deleted += purge_part(part, max_rows - (int32) deleted);
+		AtEOXact_GUC(true, nest);
+	}
 
 	idem_count(IDEM_COUNT_PURGED, (int64) deleted);
 	PG_RETURN_INT64((int64) deleted);

@@ -136,6 +136,48 @@ record_from_slot(IdemStore *store, int table, TupleTableSlot *slot,
  *	in_snapshot	the version is visible to our transaction snapshot (only
  *				computed under REPEATABLE READ and SERIALIZABLE)
  */
+/*
+ * A role as table t's role_id holds it: the role's OID, or on distributed
+ * records its name (a role's OID differs from node to node).  The name of
+ * a role dropped since reads as its OID's digits, which no role can have.
+ */
+Datum
+idem_store_role_datum(IdemStore *store, int t, Oid role)
+{
+	NameData   *name;
+	char	   *rolname;
+
+	if (!store->shape[t].role_by_name)
+		return ObjectIdGetDatum(role);
+	rolname = GetUserNameFromId(role, true);
+	name = (NameData *) palloc0(sizeof(NameData));
+	namestrcpy(name, rolname != NULL ? rolname : psprintf("%u", role));
+	return NameGetDatum(name);
+}
+
+/* Does value, table t's role_id, name role? */
+bool
+idem_store_role_equal(IdemStore *store, int t, Datum value, Oid role)
+{
+	if (!store->shape[t].role_by_name)
+		return DatumGetObjectId(value) == role;
+	return strncmp(NameStr(*DatumGetName(value)),
+				   NameStr(*DatumGetName(idem_store_role_datum(store, t, role))),
+				   NAMEDATALEN) == 0;
+}
+
+/* The scan key on role_id, attribute 1 of the primary key, for role */
+static void
+init_role_key(IdemStore *store, int table, ScanKey skey, Oid role)
+{
+	if (store->shape[table].role_by_name)
+		ScanKeyEntryInitialize(skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
+							   C_COLLATION_OID, F_NAMEEQ,
+							   idem_store_role_datum(store, table, role));
+	else
+		ScanKeyInit(skey, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(role));
+}
+
 bool
 idem_store_fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord *rec)
 {
@@ -150,8 +192,7 @@ idem_store_fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord 
 		return false;			/* hidden during recovery */
 	InitDirtySnapshot(dirty);
 
-	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_OIDEQ,
-				ObjectIdGetDatum(key->role));
+	init_role_key(store, table, &skey[0], key->role);
 	ScanKeyEntryInitialize(&skey[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
 						   C_COLLATION_OID, F_TEXTEQ,
 						   PointerGetDatum(key->operation));
@@ -277,8 +318,9 @@ slot_matches_key(IdemStore *store, int t, TupleTableSlot *slot,
 {
 	bool		isnull;
 
-	return DatumGetObjectId(idem_store_column(store, t, slot, IDEM_COL_ROLE_ID, &isnull)) == key->role &&
-		!isnull &&
+	Datum		role = idem_store_column(store, t, slot, IDEM_COL_ROLE_ID, &isnull);
+
+	return !isnull && idem_store_role_equal(store, t, role, key->role) &&
 		text_equal(idem_store_required_column(store, t, slot, IDEM_COL_OPERATION), key->operation) &&
 		text_equal(idem_store_required_column(store, t, slot, IDEM_COL_KEY), key->key);
 }
@@ -367,8 +409,6 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 	ScanKeyData skey[1];
 	RoleScan	rs[IDEM_NUM_TABLES];
 
-	ScanKeyInit(&skey[0], 1, BTEqualStrategyNumber, F_OIDEQ,
-				ObjectIdGetDatum(role));
 	for (int t = 0; t < store->ntables; t++)
 	{
 		idem_store_need_table(store, t);
@@ -378,6 +418,7 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 		if (store->heap[t] == NULL)
 			continue;			/* hidden during recovery */
 		rs[t].slot = table_slot_create(store->heap[t], NULL);
+		init_role_key(store, t, &skey[0], role);
 		rs[t].scan = idem_index_beginscan(store->heap[t], store->index[t],
 										  GetActiveSnapshot(), 1, 0);
 		index_rescan(rs[t].scan, skey, 1, NULL, 0);

@@ -36,6 +36,7 @@
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
+#include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
@@ -47,23 +48,46 @@
 #include "pg_compat.h"
 
 /*
- * Each table's shape (see check_shape), kept while its relcache entry is:
- * any ALTER TABLE, index change or rewrite of the table invalidates it.
+ * The shapes of the tables opened so far (see check_shape), each kept while
+ * its relcache entry is: any ALTER TABLE, index change or rewrite of the
+ * table invalidates it.  One entry per table, and per shard of it on a
+ * Citus node with distributed records.
  */
-static IdemShape shape_cache[IDEM_NUM_TABLES];
-static Oid	shape_relid[IDEM_NUM_TABLES];
+typedef struct ShapeEntry
+{
+	Oid			relid;			/* the hash key */
+	IdemShape	shape;
+} ShapeEntry;
+
+static HTAB *shapes = NULL;
 
 static void
 forget_shapes(Datum arg, Oid relid)
 {
-	for (int t = 0; t < IDEM_NUM_TABLES; t++)
-		if (relid == InvalidOid || relid == shape_relid[t])
-			shape_relid[t] = InvalidOid;
+	HASH_SEQ_STATUS seq;
+	ShapeEntry *entry;
+
+	if (shapes == NULL)
+		return;
+	if (OidIsValid(relid))
+	{
+		(void) hash_search(shapes, &relid, HASH_REMOVE, NULL);
+		return;
+	}
+	hash_seq_init(&seq, shapes);
+	while ((entry = hash_seq_search(&seq)) != NULL)
+		(void) hash_search(shapes, &entry->relid, HASH_REMOVE, NULL);
 }
 
 void
 idem_shape_init(void)
 {
+	HASHCTL		ctl;
+
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(ShapeEntry);
+	shapes = hash_create("idempotency table shapes", 16, &ctl,
+						 HASH_ELEM | HASH_BLOBS);
 	CacheRegisterRelcacheCallback(forget_shapes, (Datum) 0);
 }
 
@@ -71,15 +95,17 @@ idem_shape_init(void)
  * The columns the code reads and writes, by name.  A DBA may add columns
  * (a write fills them with their default, or NULL, and an update keeps
  * them), but not drop, retype or rename these.  role_id may also be an
- * oid, as in the oldest schemas the library serves.
+ * oid, as in the oldest schemas the library serves, or a name, as
+ * distributed records have it (a role's OID differs from node to node).
  */
 static const struct
 {
 	const char *name;
 	Oid			type;
 	Oid			old_type;		/* also accepted */
+	Oid			name_type;		/* also accepted */
 }			columns[IDEM_NUM_COLUMNS] = {
-	[IDEM_COL_ROLE_ID] = {"role_id", REGROLEOID, OIDOID},
+	[IDEM_COL_ROLE_ID] = {"role_id", REGROLEOID, OIDOID, NAMEOID},
 	[IDEM_COL_OPERATION] = {"operation", TEXTOID},
 	[IDEM_COL_KEY] = {"key", TEXTOID},
 	[IDEM_COL_TOKEN] = {"token", INT8OID},
@@ -156,12 +182,19 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 										   NameStr(att->attname)));
 			continue;
 		}
-		if (att->atttypid != columns[c].type && att->atttypid != columns[c].old_type)
+		if (att->atttypid != columns[c].type && att->atttypid != columns[c].old_type &&
+			(columns[c].name_type == InvalidOid || att->atttypid != columns[c].name_type))
 			shape_error(heap, psprintf("Column \"%s\" has type %s, not %s.",
 									   NameStr(att->attname),
 									   format_type_be(att->atttypid),
 									   format_type_be(columns[c].type)));
 		shape->attnum[c] = att->attnum;
+		if (c == IDEM_COL_ROLE_ID && att->atttypid == NAMEOID)
+		{
+			if (att->attcollation != C_COLLATION_OID)
+				shape_error(heap, "Column \"role_id\" is a name without collation \"C\".");
+			shape->role_by_name = true;
+		}
 		if (att->attnum != c + 1)
 			shape->exact = false;
 		ours++;
@@ -191,19 +224,20 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 }
 
 /*
- * Open the primary key of table number "table" of a store, heap, and learn
- * the table's shape.
+ * Open the primary key of heap, one of the record tables (or a shard of
+ * one), and learn the table's shape.
  */
 Relation
-idem_shape_open(Relation heap, int table, LOCKMODE lockmode, IdemShape *shape)
+idem_shape_open(Relation heap, LOCKMODE lockmode, IdemShape *shape)
 {
 	Relation	index;
 	Oid			relid = RelationGetRelid(heap);
 	Oid			pkey;
+	ShapeEntry *entry = hash_search(shapes, &relid, HASH_FIND, NULL);
 
-	if (shape_relid[table] == relid)
+	if (entry != NULL)
 	{
-		*shape = shape_cache[table];
+		*shape = entry->shape;
 		return index_open(shape->pkey, lockmode);
 	}
 
@@ -215,7 +249,7 @@ idem_shape_open(Relation heap, int table, LOCKMODE lockmode, IdemShape *shape)
 	index = index_open(pkey, lockmode);
 	check_shape(heap, index, shape);
 	/* opening the index may have processed an invalidation of the table */
-	shape_cache[table] = *shape;
-	shape_relid[table] = relid;
+	entry = hash_search(shapes, &relid, HASH_ENTER, NULL);
+	entry->shape = *shape;
 	return index;
 }

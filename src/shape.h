@@ -10,7 +10,7 @@
 
 #include "store.h"
 
-extern Relation idem_shape_open(Relation heap, int table, LOCKMODE lockmode,
+extern Relation idem_shape_open(Relation heap, LOCKMODE lockmode,
 								IdemShape *shape);
 extern const char *idem_shape_column_name(IdemColumn c);
 extern void idem_shape_init(void);

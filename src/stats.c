@@ -51,17 +51,24 @@ typedef enum StatsCount
 	STATS_NUM_COUNTS
 } StatsCount;
 
+/* One operation's counts */
+typedef struct StatsGroup
+{
+	text	   *operation;
+	int64		counts[STATS_NUM_COUNTS];
+} StatsGroup;
+
 typedef struct StatsState
 {
 	Tuplestorestate *store;
 	TupleDesc	tupdesc;
 	TimestampTz now;
-	text	   *operation;		/* the group being counted, or NULL */
-	int64		counts[STATS_NUM_COUNTS];
+	List	   *groups;			/* of StatsGroup, in the order first seen */
+	StatsGroup *group;			/* the group being counted, or NULL */
 } StatsState;
 
 static void
-emit_group(StatsState *st)
+emit_group(StatsState *st, StatsGroup *g)
 {
 	Datum		values[STATS_COLS];
 	bool		nulls[STATS_COLS] = {0};
@@ -69,16 +76,21 @@ emit_group(StatsState *st)
 
 	if (natts != STATS_COLS && natts != STATS_COLS_1_1)
 		elog(ERROR, "idempotency: idem_stats_records() must return %d columns", STATS_COLS);
-	if (st->operation == NULL)
-		return;
-	values[0] = PointerGetDatum(st->operation);
+	values[0] = PointerGetDatum(g->operation);
 	for (int i = 0; i < natts - 1; i++)
-		values[i + 1] = Int64GetDatum(st->counts[i]);
+		values[i + 1] = Int64GetDatum(g->counts[i]);
 	/* the definition without remembered counts them as expired */
 	if (natts == STATS_COLS_1_1)
 		values[1 + STATS_EXPIRED] =
-			Int64GetDatum(st->counts[STATS_EXPIRED] + st->counts[STATS_REMEMBERED]);
+			Int64GetDatum(g->counts[STATS_EXPIRED] + g->counts[STATS_REMEMBERED]);
 	tuplestore_putvalues(st->store, st->tupdesc, values, nulls);
+}
+
+static bool
+same_text(const text *a, const text *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b)) == 0;
 }
 
 /*
@@ -94,15 +106,25 @@ count_record(void *arg, text *operation, bool pending, TimestampTz expires_at,
 	bool		expired = expires_at <= st->now;
 	StatsCount	state;
 
-	/* records arrive in operation order: a new operation closes a group */
-	if (st->operation == NULL ||
-		VARSIZE_ANY_EXHDR(st->operation) != VARSIZE_ANY_EXHDR(operation) ||
-		memcmp(VARDATA_ANY(st->operation), VARDATA_ANY(operation),
-			   VARSIZE_ANY_EXHDR(operation)) != 0)
+	/*
+	 * Records arrive in operation order, table by table (shard by shard on
+	 * a node with distributed records): a new operation starts a group or
+	 * goes back to one.
+	 */
+	if (st->group == NULL || !same_text(st->group->operation, operation))
 	{
-		emit_group(st);
-		st->operation = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(operation));
-		memset(st->counts, 0, sizeof(st->counts));
+		ListCell   *lc;
+
+		st->group = NULL;
+		foreach(lc, st->groups)
+			if (same_text(((StatsGroup *) lfirst(lc))->operation, operation))
+				st->group = (StatsGroup *) lfirst(lc);
+		if (st->group == NULL)
+		{
+			st->group = palloc0(sizeof(StatsGroup));
+			st->group->operation = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(operation));
+			st->groups = lappend(st->groups, st->group);
+		}
 	}
 	if (pending)
 		state = expired ? STATS_LAPSED : STATS_PENDING;
@@ -110,7 +132,7 @@ count_record(void *arg, text *operation, bool pending, TimestampTz expires_at,
 		state = STATS_COMPLETED;
 	else
 		state = forget_at > st->now ? STATS_REMEMBERED : STATS_EXPIRED;
-	st->counts[state]++;
+	st->group->counts[state]++;
 }
 
 Datum
@@ -119,6 +141,7 @@ idem_stats_records(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	IdemStore	store;
 	StatsState	st;
+	ListCell   *lc;
 
 	InitMaterializedSRF(fcinfo, 0);
 	memset(&st, 0, sizeof(st));
@@ -126,11 +149,16 @@ idem_stats_records(PG_FUNCTION_ARGS)
 	st.tupdesc = rsinfo->setDesc;
 	st.now = GetCurrentTimestamp();
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
-	idem_store_scan_role(&store, GetUserId(), count_record, &st);
-	idem_store_note_hidden(&store);
-	idem_store_close(&store, false);
-	emit_group(&st);
+	foreach(lc, idem_store_parts(fcinfo->flinfo->fn_oid))
+	{
+		idem_store_open_part(&store, fcinfo->flinfo->fn_oid, AccessShareLock,
+							 (IdemObjects *) lfirst(lc));
+		idem_store_scan_role(&store, GetUserId(), count_record, &st);
+		idem_store_note_hidden(&store);
+		idem_store_close(&store, false);
+	}
+	foreach(lc, st.groups)
+		emit_group(&st, (StatsGroup *) lfirst(lc));
 
 	return (Datum) 0;
 }
@@ -149,7 +177,7 @@ idem_inspect(PG_FUNCTION_ARGS)
 	idem_key_from_args(fcinfo, &key);
 	InitMaterializedSRF(fcinfo, 0);
 
-	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock);
+	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock, &key);
 	found = idem_store_fetch(&store, &key, &rec);
 	idem_store_note_hidden(&store);
 	idem_store_close(&store, false);

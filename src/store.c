@@ -78,8 +78,8 @@ open_heap(IdemStore *store, int table, Oid relid)
 static void
 open_index(IdemStore *store, int table)
 {
-	store->index[table] = idem_shape_open(store->heap[table], table,
-										  store->lockmode, &store->shape[table]);
+	store->index[table] = idem_shape_open(store->heap[table], store->lockmode,
+										  &store->shape[table]);
 }
 
 static void
@@ -91,30 +91,21 @@ open_table(IdemStore *store, int table, Oid relid)
 }
 
 /*
- * Open the tables and their primary keys: RowExclusiveLock to write,
- * AccessShareLock to only read (which also works on a standby).
- *
- * idem_result (where the schema has it) is opened and searched in every mode: the
- * durability mode decides only where a write puts a completed record, and
- * a record put there stays findable whatever a DBA does to the tables'
- * persistence by hand.
+ * Open the tables of objects (the extension's, or one node's shards of
+ * them) and their primary keys.
  */
-void
-idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
+static void
+open_objects(IdemStore *store, const IdemObjects *objects, Oid fn_oid,
+			 LOCKMODE lockmode)
 {
-	IdemObjects objects;
-	Oid			relid;
-	Oid			resultid;
+	Oid			relid = objects->records;
+	Oid			resultid = objects->results;
 	char		records;
 	char		results = 0;	/* no idem_result */
 
-	idem_citus_check_node(lockmode != AccessShareLock);
-	idem_catalog_objects(fn_oid, &objects);
-	relid = objects.records;
-	resultid = objects.results;
-	store->extension = objects.extension;
-	store->token_seq = objects.token_seq;
-	store->epoch_seq = objects.epoch_seq;
+	store->extension = objects->extension;
+	store->token_seq = objects->token_seq;
+	store->epoch_seq = objects->epoch_seq;
 	store->lockmode = lockmode;
 	store->fn_oid = fn_oid;
 
@@ -136,6 +127,76 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode)
 		results = idem_catalog_result_logged(resultid) ?
 			RELPERSISTENCE_PERMANENT : RELPERSISTENCE_UNLOGGED;
 	store->split = idem_tables_mode(records, results) == IDEM_DURABILITY_COMPLETED;
+}
+
+/*
+ * Open the tables that hold key's record -- on a Citus node with
+ * distributed records, this node's shards of them (citus.c) -- and their
+ * primary keys: RowExclusiveLock to write, AccessShareLock to only read
+ * (which also works on a standby).  key NULL: the whole store, for a call
+ * that distributed records refuse or serve by idem_store_parts.
+ *
+ * idem_result (where the schema has it) is opened and searched in every mode: the
+ * durability mode decides only where a write puts a completed record, and
+ * a record put there stays findable whatever a DBA does to the tables'
+ * persistence by hand.
+ */
+void
+idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode, const IdemKey *key)
+{
+	IdemObjects objects;
+	Oid			shell;
+
+	idem_catalog_objects(fn_oid, &objects);
+	shell = objects.records;
+
+	/*
+	 * Where the record is is decided under the lock on idem_record (on a
+	 * node with distributed records, its shell): idem_distribute() holds an
+	 * ACCESS EXCLUSIVE lock on it while it moves the records to the shards.
+	 */
+	LockRelationOid(shell, lockmode);
+	store->distributed = idem_citus_route(&objects, key ? key->key : NULL,
+										  lockmode != AccessShareLock);
+	if (store->distributed && key == NULL)
+		elog(ERROR, "distributed idempotency records opened without a key");
+	store->key = key;
+	open_objects(store, &objects, fn_oid, lockmode);
+	/* the tables' own lock is the one to keep, or the shell's */
+	store->shell = store->distributed ? shell : InvalidOid;
+	if (!store->distributed)
+		UnlockRelationOid(shell, lockmode);
+}
+
+/* Open the tables again, after idem_store_close(store, true) */
+void
+idem_store_reopen(IdemStore *store)
+{
+	idem_store_open(store, store->fn_oid, store->lockmode, store->key);
+}
+
+/*
+ * The parts of the store this node serves, for a call that reads or
+ * purges them all: the tables, or with distributed records this node's
+ * shards of them, as a List of IdemObjects, each for idem_store_open_part.
+ */
+List *
+idem_store_parts(Oid fn_oid)
+{
+	IdemObjects objects;
+
+	idem_catalog_objects(fn_oid, &objects);
+	return idem_citus_local_parts(&objects);
+}
+
+void
+idem_store_open_part(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
+					 const IdemObjects *part)
+{
+	store->distributed = false;
+	store->key = NULL;
+	store->shell = InvalidOid;
+	open_objects(store, part, fn_oid, lockmode);
 }
 
 /*
@@ -209,6 +270,8 @@ idem_store_close(IdemStore *store, bool release)
 			index_close(store->index[t], mode);
 		table_close(store->heap[t], mode);
 	}
+	if (release && OidIsValid(store->shell))
+		UnlockRelationOid(store->shell, store->lockmode);
 }
 
 /*

@@ -13,6 +13,7 @@
 #include "storage/lockdefs.h"
 #include "utils/jsonb.h"
 #include "utils/relcache.h"
+#include "catalog.h"
 #include "idempotency.h"
 
 /*
@@ -56,6 +57,7 @@ typedef struct IdemShape
 	AttrNumber	attnum[IDEM_NUM_COLUMNS];
 	bool		exact;			/* every column is ours, nothing dropped */
 	bool		has_1_4;		/* the last four columns are there */
+	bool		role_by_name;	/* role_id is a name, not the role's OID */
 	Oid			pkey;			/* primary key on (role_id, operation, key) */
 } IdemShape;
 
@@ -74,6 +76,9 @@ typedef struct IdemStore
 	Oid			extension;		/* the extension that owns them */
 	Oid			token_seq;		/* idem_token_seq: the count */
 	Oid			epoch_seq;		/* idem_token_epoch; InvalidOid without one */
+	bool		distributed;	/* Citus shards of distributed records */
+	Oid			shell;			/* ... whose tables' shell is locked too */
+	const IdemKey *key;		/* the key they were opened for, or NULL */
 } IdemStore;
 
 /* One record's columns, plus what the fetch learned about its version */
@@ -112,7 +117,12 @@ typedef enum IdemDurability
 } IdemDurability;
 
 /* opening and closing the tables, the mode (store.c) */
-extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode);
+extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
+							const IdemKey *key);
+extern void idem_store_reopen(IdemStore *store);
+extern List *idem_store_parts(Oid fn_oid);
+extern void idem_store_open_part(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
+								 const IdemObjects *part);
 extern void idem_store_need_heap(IdemStore *store, int table);
 extern void idem_store_need_table(IdemStore *store, int table);
 extern IdemDurability idem_tables_mode(char records, char results);
@@ -132,7 +142,8 @@ idem_store_column(IdemStore *store, int t, TupleTableSlot *slot, IdemColumn c, b
 	return slot_getattr(slot, att, isnull);
 }
 
-
+extern Datum idem_store_role_datum(IdemStore *store, int t, Oid role);
+extern bool idem_store_role_equal(IdemStore *store, int t, Datum value, Oid role);
 extern void idem_store_close(IdemStore *store, bool release);
 extern void idem_store_note_hidden(IdemStore *store);
 

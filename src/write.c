@@ -294,7 +294,7 @@ fill_slot(RecordWrite *w, const IdemKey *key, const IdemRecord *rec,
 	memset(slot->tts_isnull, true, slot->tts_tupleDescriptor->natts * sizeof(bool));
 	memset(n, false, sizeof(w->expected_null));
 
-	v[IDEM_COL_ROLE_ID] = ObjectIdGetDatum(key->role);
+	v[IDEM_COL_ROLE_ID] = idem_store_role_datum(w->store, w->table, key->role);
 	v[IDEM_COL_OPERATION] = PointerGetDatum(key->operation);
 	v[IDEM_COL_KEY] = PointerGetDatum(key->key);
 	v[IDEM_COL_TOKEN] = Int64GetDatum(rec->token);
@@ -567,6 +567,9 @@ idem_store_move_batch(IdemStore *store, int from, bool all, int64 max_rows)
 
 	idem_store_need_table(store, from);
 	idem_store_need_table(store, to);
+	/* distributed records (role_id a name) never switch modes: durability.c */
+	if (store->shape[from].role_by_name)
+		elog(ERROR, "idempotency records with role names cannot be moved between tables");
 	slot = table_slot_create(store->heap[from], NULL);
 	/* every record: role_id > 0 */
 	ScanKeyInit(&skey[0], 1, BTGreaterStrategyNumber, F_OIDGT, ObjectIdGetDatum(InvalidOid));
