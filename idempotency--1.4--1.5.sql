@@ -177,12 +177,17 @@ BEGIN
 	-- the node's own changes: Citus must not send them on
 	PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
 
-	IF EXISTS (SELECT FROM @extschema@.idem_record
-				WHERE holder IS NOT NULL AND completed_at IS NULL) THEN
-		RAISE EXCEPTION 'idempotency records with pending session claims cannot be distributed'
-			USING ERRCODE = '55006',
-				  DETAIL = 'A claim made with takeover => ''session'' follows its session, which a distributed call does not keep.',
-				  HINT = 'Finish or abort the claims made with takeover => ''session'', then call idem_distribute() again.';
+	-- (a node added after distributing has a shell, whose records are the
+	-- shards': Citus would plan a query of it as a distributed one)
+	IF NOT EXISTS (SELECT FROM pg_dist_partition
+					WHERE logicalrelid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass) THEN
+		IF EXISTS (SELECT FROM @extschema@.idem_record
+					WHERE holder IS NOT NULL AND completed_at IS NULL) THEN
+			RAISE EXCEPTION 'idempotency records with pending session claims cannot be distributed'
+				USING ERRCODE = '55006',
+					  DETAIL = 'A claim made with takeover => ''session'' follows its session, which a distributed call does not keep.',
+					  HINT = 'Finish or abort the claims made with takeover => ''session'', then call idem_distribute() again.';
+		END IF;
 	END IF;
 	IF (SELECT relpersistence FROM pg_class
 		 WHERE oid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass) OPERATOR(pg_catalog.<>) 'p'
@@ -227,13 +232,31 @@ BEGIN
 END
 $idem_distribute_node$;
 
+/* idem_distribute_node() on every worker */
+CREATE FUNCTION @extschema@.idem_distribute_workers()
+RETURNS pg_catalog.void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $idem_distribute_workers$
+DECLARE
+	failed text;
+BEGIN
+	SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ') INTO failed
+	  FROM run_command_on_workers('SELECT @extschema@.idem_distribute_node()')
+	 WHERE NOT success;
+	IF failed IS NOT NULL THEN
+		RAISE EXCEPTION 'idempotency records could not be prepared on every worker'
+			USING ERRCODE = '55000', DETAIL = failed;
+	END IF;
+END
+$idem_distribute_workers$;
+
 CREATE FUNCTION @extschema@.idem_distribute()
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $idem_distribute$
 DECLARE
-	failed text;
 	fn regprocedure;
 BEGIN
 	IF NOT EXISTS (SELECT FROM pg_extension WHERE extname OPERATOR(pg_catalog.=) 'citus') THEN
@@ -248,22 +271,17 @@ BEGIN
 		RAISE EXCEPTION 'idem_distribute() runs on the Citus coordinator'
 			USING ERRCODE = '0A000';
 	END IF;
-	-- no claim or finish runs on the tables while they change
-	LOCK TABLE @extschema@.idem_record, @extschema@.idem_result IN ACCESS EXCLUSIVE MODE;
-
-	PERFORM @extschema@.idem_distribute_node();
-	SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ') INTO failed
-	  FROM run_command_on_workers('SELECT @extschema@.idem_distribute_node()')
-	 WHERE NOT success;
-	IF failed IS NOT NULL THEN
-		RAISE EXCEPTION 'idempotency records could not be prepared on every worker'
-			USING ERRCODE = '55000', DETAIL = failed;
-	END IF;
-
+	-- a node added since: its own tables
 	IF EXISTS (SELECT FROM pg_dist_partition
 				WHERE logicalrelid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass) THEN
+		PERFORM @extschema@.idem_distribute_workers();
 		RETURN false;
 	END IF;
+
+	-- no claim or finish runs on the tables while they change
+	LOCK TABLE @extschema@.idem_record, @extschema@.idem_result IN ACCESS EXCLUSIVE MODE;
+	PERFORM @extschema@.idem_distribute_node();
+	PERFORM @extschema@.idem_distribute_workers();
 	PERFORM create_distributed_table('@extschema@.idem_record', 'key');
 	PERFORM create_distributed_table('@extschema@.idem_result', 'key',
 									 colocate_with => '@extschema@.idem_record');
@@ -288,3 +306,4 @@ $idem_distribute$;
 
 REVOKE ALL ON FUNCTION @extschema@.idem_distribute() FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_distribute_node() FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_distribute_workers() FROM PUBLIC;

@@ -379,10 +379,11 @@ collect_local(int64 shardid, int32 min, int32 max, void *arg)
 /*
  * The parts of the store this node serves: one IdemObjects per pair of
  * colocated shards placed here, or objects itself where the records are
- * not distributed.
+ * not distributed.  refuse_worker: refuse on a worker when they are not
+ * (idem_purge is not refused: a worker's own tables are empty).
  */
 List *
-idem_citus_local_parts(const IdemObjects *objects)
+idem_citus_local_parts(const IdemObjects *objects, bool refuse_worker)
 {
 	LocalParts	p;
 	List	   *parts = NIL;
@@ -394,8 +395,8 @@ idem_citus_local_parts(const IdemObjects *objects)
 		IdemObjects *whole = palloc(sizeof(IdemObjects));
 
 		*whole = *objects;
-		if (on_citus() && local_group() != CITUS_COORDINATOR_GROUP)
-			(void) idem_citus_route(whole, NULL, false);	/* the error */
+		if (refuse_worker)
+			(void) idem_citus_route(whole, NULL, false);	/* refuses on a worker */
 		return list_make1(whole);
 	}
 	memset(&p, 0, sizeof(p));

@@ -12,7 +12,7 @@
 #include "catalog.h"
 
 extern bool idem_citus_route(IdemObjects *objects, const text *key, bool write);
-extern List *idem_citus_local_parts(const IdemObjects *objects);
+extern List *idem_citus_local_parts(const IdemObjects *objects, bool refuse_worker);
 extern bool idem_citus_distributed(Oid records);
 
 #endif							/* IDEM_CITUS_H */

@@ -151,7 +151,7 @@ idem_purge(PG_FUNCTION_ARGS)
 	 * The tables, or on a node with distributed records this node's shards
 	 * of them, which Citus lets us change only when told so.
 	 */
-	foreach(lc, idem_store_parts(fcinfo->flinfo->fn_oid))
+	foreach(lc, idem_store_parts(fcinfo->flinfo->fn_oid, false))
 	{
 		IdemObjects *part = (IdemObjects *) lfirst(lc);
 		int			nest = NewGUCNestLevel();

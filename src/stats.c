@@ -149,7 +149,7 @@ idem_stats_records(PG_FUNCTION_ARGS)
 	st.tupdesc = rsinfo->setDesc;
 	st.now = GetCurrentTimestamp();
 
-	foreach(lc, idem_store_parts(fcinfo->flinfo->fn_oid))
+	foreach(lc, idem_store_parts(fcinfo->flinfo->fn_oid, true))
 	{
 		idem_store_open_part(&store, fcinfo->flinfo->fn_oid, AccessShareLock,
 							 (IdemObjects *) lfirst(lc));

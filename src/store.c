@@ -179,14 +179,16 @@ idem_store_reopen(IdemStore *store)
  * The parts of the store this node serves, for a call that reads or
  * purges them all: the tables, or with distributed records this node's
  * shards of them, as a List of IdemObjects, each for idem_store_open_part.
+ * refuse_worker: refuse, as idem_store_open does, on a Citus worker whose
+ * records are served by the coordinator.
  */
 List *
-idem_store_parts(Oid fn_oid)
+idem_store_parts(Oid fn_oid, bool refuse_worker)
 {
 	IdemObjects objects;
 
 	idem_catalog_objects(fn_oid, &objects);
-	return idem_citus_local_parts(&objects);
+	return idem_citus_local_parts(&objects, refuse_worker);
 }
 
 void

@@ -120,7 +120,7 @@ typedef enum IdemDurability
 extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
 							const IdemKey *key);
 extern void idem_store_reopen(IdemStore *store);
-extern List *idem_store_parts(Oid fn_oid);
+extern List *idem_store_parts(Oid fn_oid, bool refuse_worker);
 extern void idem_store_open_part(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
 								 const IdemObjects *part);
 extern void idem_store_need_heap(IdemStore *store, int table);

@@ -7,7 +7,7 @@
 \set VERBOSITY default
 
 -- Every member object of the extension, with what matters about it: for a
--- function its C symbol, volatility, strictness, SECURITY DEFINER, search_path
+-- function its C symbol (or its language), volatility, strictness, SECURITY DEFINER, search_path
 -- and whether PUBLIC may execute it; for a relation its kind, persistence
 -- and PUBLIC's privileges; and whether the table is dumped as configuration.
 CREATE FUNCTION ext_objects() RETURNS SETOF text LANGUAGE sql AS $$
@@ -15,11 +15,12 @@ CREATE FUNCTION ext_objects() RETURNS SETOF text LANGUAGE sql AS $$
          CASE d.classid
            WHEN 'pg_proc'::regclass THEN
              (SELECT format(' -> %s %s strict=%s secdef=%s config=%s returns=%s public_execute=%s',
-                            p.prosrc, p.provolatile, p.proisstrict, p.prosecdef,
+                            CASE WHEN l.lanname = 'c' THEN p.prosrc ELSE '(' || l.lanname || ')' END,
+                            p.provolatile, p.proisstrict, p.prosecdef,
                             p.proconfig, p.prorettype::regtype,
                             EXISTS (SELECT FROM aclexplode(p.proacl) a
                                      WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
-                FROM pg_proc p WHERE p.oid = d.objid)
+                FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang WHERE p.oid = d.objid)
            WHEN 'pg_class'::regclass THEN
              (SELECT format(' -> kind=%s persistence=%s public=%s config_dump=%s',
                             c.relkind, c.relpersistence,
