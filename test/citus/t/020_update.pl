@@ -15,7 +15,11 @@
 #    claim whose lease lapses is recovered with its checkpoint and a
 #    greater token; an aborted key is new;
 #  - after the update a worker refuses calls (0A000), writing nothing, and
-#    the in-transaction shape through the coordinator charges once.
+#    the in-transaction shape through the coordinator charges once;
+#  - then idem_distribute(), with claims made at 1.4 still in flight: a
+#    pending one is finished through a worker with its 1.4 token, a
+#    checkpointed one is recovered through a worker with a greater token,
+#    and every completed key replays through every node.
 
 use strict;
 use warnings;
@@ -63,6 +67,14 @@ my $live_token = $coord->safe_psql('postgres',
 my $ckpt_token = $coord->safe_psql('postgres', q{
 	SELECT token FROM idem_begin('charge', 'ckpt', idem_fingerprint(9), lease => '3 s') \gset
 	SELECT idem_checkpoint('charge', 'ckpt', :'token', '{"provider_ref": "ref_9"}');
+	SELECT :'token';
+});
+# two more for after distributing: pending, and checkpointed with a lapsing lease
+my $live2_token = $coord->safe_psql('postgres',
+	q{SELECT token FROM idem_begin('charge', 'live2', idem_fingerprint(12), lease => '1 hour')});
+my $ckpt2_token = $coord->safe_psql('postgres', q{
+	SELECT token FROM idem_begin('charge', 'ckpt2', idem_fingerprint(13), lease => '3 s') \gset
+	SELECT idem_checkpoint('charge', 'ckpt2', :'token', '{"provider_ref": "ref_13"}');
 	SELECT :'token';
 });
 # aborted
@@ -129,6 +141,28 @@ is(begin_of('after', 11), q{replay||{"charge": "ch_after"}}, 'and replays');
 is($coord->safe_psql('postgres', q{SELECT string_agg(key || '=' || n, ',' ORDER BY key)
 	FROM (SELECT key, count(*) n FROM charges GROUP BY key) c}),
 	'after=1,done=1', 'each charge happened once');
+
+# ---- then the records distributed, the 1.4 claims still in flight ----
+
+is($coord->safe_psql('postgres', 'SELECT idem_distribute()'), 't', 'idem_distribute() after the update');
+($st) = try_sql($w1, 'postgres',
+	qq{SELECT idem_finish('charge', 'live2', $live2_token, '{"charge": "ch_live2"}')});
+is($st, '00000', 'a claim made at 1.4 is finished through a worker with its token');
+my $ckpt2 = $w2->safe_psql('postgres', q{
+	SELECT status || '|' || token || '|' || response FROM idem_begin('charge', 'ckpt2', idem_fingerprint(13))});
+like($ckpt2, qr/^recover\|(\d+)\|\{"provider_ref": "ref_13"\}$/,
+	'a checkpointed claim made at 1.4 is recovered through a worker');
+my ($recovered2) = $ckpt2 =~ /^recover\|(\d+)\|/;
+cmp_ok($recovered2 // 0, '>', $ckpt2_token, 'with a greater token');
+my %fp = (done => 7, live => 8, live2 => 12, after => 11);
+for my $n ($coord, $w1, $w2)
+{
+	# one statement per key: Citus delegates a call with a constant key
+	my @status = map {
+		$n->safe_psql('postgres', qq{SELECT status FROM idem_begin('charge', '$_', idem_fingerprint($fp{$_}))})
+	} sort keys %fp;
+	is(join(',', @status), 'replay,replay,replay,replay', $n->name . ': every completed key replays');
+}
 
 $_->stop for ($coord, $w1, $w2);
 done_testing();
