@@ -72,3 +72,11 @@ RESET client_min_messages;
 CREATE ROLE regress_idem_a NOLOGIN;
 CREATE ROLE regress_idem_b NOLOGIN;
 CREATE ROLE regress_idem_nobody NOLOGIN;
+
+-- Distributing the records needs a Citus coordinator; without Citus it
+-- changes nothing (test/citus/t/030_distributed.pl distributes them)
+\set VERBOSITY sqlstate
+SELECT idem_distribute();
+\set VERBOSITY default
+SELECT format_type(atttypid, NULL) AS role_id_type FROM pg_attribute
+ WHERE attrelid = 'idem_record'::regclass AND attname = 'role_id';
