@@ -47,7 +47,9 @@
  *
  * Citus refuses to run unless it is in shared_preload_libraries, so a
  * backend without its settings is on no Citus node, and pays one look-up
- * of a setting.  A Citus node reads its catalogs at each call: the
+ * of a setting.  A Citus node reads the layout -- its group, whether the
+ * records are distributed, their shards' ranges and placements -- from
+ * Citus's catalogs once, and again after Citus invalidates it: the
  * coordinator may add this node, distribute the records or move a shard
  * while our sessions live.
  *
@@ -69,6 +71,8 @@
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "utils/inval.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 
 #include "catalog.h"
@@ -240,38 +244,7 @@ placed_on(int64 shardid, int32 group)
 	return found;
 }
 
-/* The shard holding one hash value */
-typedef struct ShardOfHash
-{
-	int32		hash;
-	int64		shardid;
-} ShardOfHash;
-
-static bool
-match_hash(int64 shardid, int32 min, int32 max, void *arg)
-{
-	ShardOfHash *s = (ShardOfHash *) arg;
-
-	if (s->hash < min || s->hash > max)
-		return false;
-	s->shardid = shardid;
-	return true;
-}
-
-static int64
-shard_of_hash(Oid relid, int32 hash)
-{
-	ShardOfHash s = {hash, 0};
-
-	for_each_shard(relid, match_hash, &s);
-	if (s.shardid == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("no shard of \"%s\" holds hash value %d", get_rel_name(relid), hash)));
-	return s.shardid;
-}
-
-/* The shard's relation on this node: the table's name and _shardid */
+/* The shard relation on this node: the table's name and _shardid */
 static Oid
 shard_relid(Oid relid, int64 shardid)
 {
@@ -285,6 +258,196 @@ shard_relid(Oid relid, int64 shardid)
 	return shard;
 }
 
+/*
+ * What this node knows of the records' layout, read from Citus's catalogs
+ * once and kept until Citus invalidates it: Citus sends a relcache
+ * invalidation of a distributed table when its shards or their placements
+ * change, and of pg_dist_local_group when the node's group does.  A call
+ * takes Citus's metadata lock on its shard and then reads invalidations,
+ * so it decides by the placements a move committed while it waited.
+ */
+typedef struct ShardRoute
+{
+	int32		min;			/* its hash range */
+	int32		max;
+	int64		shardid;		/* of idem_record's shard */
+	int64		result_shardid; /* of idem_result's, the same range */
+	bool		local;			/* placed on this node */
+	Oid			records;		/* the shards' relations, when local */
+	Oid			results;
+} ShardRoute;
+
+typedef struct RouteCache
+{
+	bool		valid;
+	Oid			records;		/* idem_record, the cache's key */
+	Oid			results;
+	Oid			local_group_rel;	/* pg_dist_local_group */
+	int32		group;
+	bool		distributed;
+	int			nshards;
+	ShardRoute *shards;			/* by range, in CacheMemoryContext */
+} RouteCache;
+
+static RouteCache route = {0};
+static uint64 route_invalidations = 0;
+
+static void
+forget_route(Datum arg, Oid relid)
+{
+	if (!route.valid)
+		return;
+	if (relid == InvalidOid || relid == route.records || relid == route.results ||
+		relid == route.local_group_rel)
+	{
+		route.valid = false;
+		route_invalidations++;
+	}
+}
+
+void
+idem_citus_init(void)
+{
+	CacheRegisterRelcacheCallback(forget_route, (Datum) 0);
+}
+
+/* the ranges of one table's shards, by their least value */
+typedef struct ShardList
+{
+	int			n;
+	int			size;
+	ShardRoute *items;
+} ShardList;
+
+static bool
+collect_shard(int64 shardid, int32 min, int32 max, void *arg)
+{
+	ShardList  *l = (ShardList *) arg;
+
+	if (l->n == l->size)
+	{
+		l->size = l->size * 2 + 16;
+		l->items = l->items ? repalloc(l->items, l->size * sizeof(ShardRoute)) :
+			palloc(l->size * sizeof(ShardRoute));
+	}
+	memset(&l->items[l->n], 0, sizeof(ShardRoute));
+	l->items[l->n].min = min;
+	l->items[l->n].max = max;
+	l->items[l->n].shardid = shardid;
+	l->n++;
+	return false;
+}
+
+static int
+compare_ranges(const void *a, const void *b)
+{
+	int32		ma = ((const ShardRoute *) a)->min;
+	int32		mb = ((const ShardRoute *) b)->min;
+
+	return ma < mb ? -1 : (ma > mb ? 1 : 0);
+}
+
+static void
+build_route(const IdemObjects *objects)
+{
+	ShardList	recs = {0};
+	ShardList	ress = {0};
+
+	route.records = objects->records;
+	route.results = objects->results;
+	route.local_group_rel = citus_catalog("pg_dist_local_group");
+	route.group = local_group();
+	route.distributed = is_distributed(objects->records);
+	route.nshards = 0;
+	if (route.shards != NULL)
+		pfree(route.shards);
+	route.shards = NULL;
+	if (!route.distributed)
+		return;
+
+	for_each_shard(objects->records, collect_shard, &recs);
+	if (OidIsValid(objects->results))
+		for_each_shard(objects->results, collect_shard, &ress);
+	if (recs.n > 0)
+		qsort(recs.items, recs.n, sizeof(ShardRoute), compare_ranges);
+	if (ress.n > 0)
+		qsort(ress.items, ress.n, sizeof(ShardRoute), compare_ranges);
+	if (OidIsValid(objects->results) && ress.n != recs.n)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idem_record and idem_result are not colocated"),
+				 errdetail("They have %d and %d shards.", recs.n, ress.n)));
+	route.shards = MemoryContextAllocZero(CacheMemoryContext,
+										  Max(recs.n, 1) * sizeof(ShardRoute));
+	for (int i = 0; i < recs.n; i++)
+	{
+		ShardRoute *r = &route.shards[i];
+
+		*r = recs.items[i];
+		if (OidIsValid(objects->results))
+		{
+			if (ress.items[i].min != r->min || ress.items[i].max != r->max)
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("idem_record and idem_result are not colocated"),
+						 errdetail("Their shards " INT64_FORMAT " and " INT64_FORMAT " hold different hash ranges.",
+								   r->shardid, ress.items[i].shardid)));
+			r->result_shardid = ress.items[i].shardid;
+		}
+		r->local = placed_on(r->shardid, route.group);
+		if (r->local)
+		{
+			r->records = shard_relid(objects->records, r->shardid);
+			if (OidIsValid(objects->results))
+				r->results = shard_relid(objects->results, r->result_shardid);
+		}
+	}
+	route.nshards = recs.n;
+}
+
+/* The layout for objects, read again if Citus changed it since */
+static RouteCache *
+get_route(const IdemObjects *objects)
+{
+	if (!on_citus())
+		return NULL;
+	while (!route.valid || route.records != objects->records ||
+		   route.results != objects->results)
+	{
+		uint64		seen = route_invalidations;
+
+		route.valid = false;
+		build_route(objects);
+		route.valid = (seen == route_invalidations);
+	}
+	return &route;
+}
+
+/* The shard whose range holds hash */
+static ShardRoute *
+shard_of_hash(RouteCache *rc, int32 hash)
+{
+	int			lo = 0,
+				hi = rc->nshards - 1;
+
+	while (lo <= hi)
+	{
+		int			mid = (lo + hi) / 2;
+		ShardRoute *r = &rc->shards[mid];
+
+		if (hash < r->min)
+			hi = mid - 1;
+		else if (hash > r->max)
+			lo = mid + 1;
+		else
+			return r;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("no shard of \"%s\" holds hash value %d", get_rel_name(rc->records), hash)));
+	pg_unreachable();
+}
+
 static void
 tell_citus_local_write(void)
 {
@@ -295,6 +458,17 @@ tell_citus_local_write(void)
 	use_2pc();
 }
 
+static void
+refuse_worker(int32 group)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("idempotency records are served by the Citus coordinator, not by a worker"),
+			 errdetail("This node is a worker of a Citus cluster (group %d); its own record tables would be a second store, in which a key completed through the coordinator counts as new.",
+					   group),
+			 errhint("Send calls of the idem_* functions to the coordinator, or distribute the records with idem_distribute().")));
+}
+
 /*
  * Point objects->records and objects->results at what this node serves
  * the key from, and say whether the records are distributed.  key NULL:
@@ -303,22 +477,17 @@ tell_citus_local_write(void)
 bool
 idem_citus_route(IdemObjects *objects, const text *key, bool write)
 {
-	int32		group;
+	RouteCache *rc = get_route(objects);
 	int32		hash;
+	ShardRoute *shard;
 	int64		shardid;
 
-	if (!on_citus())
+	if (rc == NULL)
 		return false;
-	group = local_group();
-	if (!is_distributed(objects->records))
+	if (!rc->distributed)
 	{
-		if (group != CITUS_COORDINATOR_GROUP)
-			ereport(ERROR,
-					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-					 errmsg("idempotency records are served by the Citus coordinator, not by a worker"),
-					 errdetail("This node is a worker of a Citus cluster (group %d); its own record tables would be a second store, in which a key completed through the coordinator counts as new.",
-							   group),
-					 errhint("Send calls of the idem_* functions to the coordinator, or distribute the records with idem_distribute().")));
+		if (rc->group != CITUS_COORDINATOR_GROUP)
+			refuse_worker(rc->group);
 		if (write)
 			tell_citus_local_write();
 		return false;
@@ -329,89 +498,64 @@ idem_citus_route(IdemObjects *objects, const text *key, bool write)
 	/* the shard Citus routes the key to: its hash of the text, any collation */
 	hash = DatumGetInt32(DirectFunctionCall1Coll(hashtext, C_COLLATION_OID,
 												 PointerGetDatum(key)));
-	shardid = shard_of_hash(objects->records, hash);
+	shardid = shard_of_hash(rc, hash)->shardid;
 	if (lock_shard_metadata == NULL)
 		lock_shard_metadata = (void (*) (int64, LOCKMODE))
 			load_external_function("citus", "LockShardDistributionMetadata",
 								   true, NULL);
 	lock_shard_metadata(shardid, ShareLock);
-	if (!placed_on(shardid, group))
+	/* a move that committed while we waited for the lock */
+	AcceptInvalidationMessages();
+	rc = get_route(objects);
+	shard = shard_of_hash(rc, hash);
+	if (shard->shardid != shardid || !shard->local)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("the idempotency record of key \"%s\" is not on this node",
 						text_to_cstring(key)),
 				 errdetail("The records are distributed, and this key's shard " INT64_FORMAT " has no placement on this node (group %d): Citus did not delegate the call to the node that holds it.",
-						   shardid, group),
+						   shardid, rc->group),
 				 errhint("Call the idem_* functions as statements of their own with constant operation and key, SELECT idem_begin('op', 'key', ...), from the application or inside a transaction block, not from a PL/pgSQL function or with a query's column as the key. A call that raced a shard move can be retried.")));
-	objects->records = shard_relid(objects->records, shardid);
+	objects->records = shard->records;
 	if (OidIsValid(objects->results))
-		objects->results = shard_relid(objects->results,
-									   shard_of_hash(objects->results, hash));
+		objects->results = shard->results;
 	if (write)
 		tell_citus_local_write();
 	return true;
 }
 
-/* The local parts of the store: shard pairs collected by index */
-typedef struct LocalParts
-{
-	int32		group;
-	List	   *shards;			/* of int64 shard ids */
-	List	   *mins;			/* and the least hash value of each */
-} LocalParts;
-
-static bool
-collect_local(int64 shardid, int32 min, int32 max, void *arg)
-{
-	LocalParts *p = (LocalParts *) arg;
-
-	if (placed_on(shardid, p->group))
-	{
-		int64	   *id = palloc(sizeof(int64));
-
-		*id = shardid;
-		p->shards = lappend(p->shards, id);
-		p->mins = lappend_int(p->mins, min);
-	}
-	return false;
-}
-
 /*
  * The parts of the store this node serves: one IdemObjects per pair of
  * colocated shards placed here, or objects itself where the records are
- * not distributed.  refuse_worker: refuse on a worker when they are not
+ * not distributed.  refuse_on_worker: refuse on a worker when they are not
  * (idem_purge is not refused: a worker's own tables are empty).
  */
 List *
-idem_citus_local_parts(const IdemObjects *objects, bool refuse_worker)
+idem_citus_local_parts(const IdemObjects *objects, bool refuse_on_worker)
 {
-	LocalParts	p;
+	RouteCache *rc = get_route(objects);
 	List	   *parts = NIL;
-	ListCell   *sc,
-			   *mc;
 
-	if (!on_citus() || !is_distributed(objects->records))
+	if (rc == NULL || !rc->distributed)
 	{
 		IdemObjects *whole = palloc(sizeof(IdemObjects));
 
 		*whole = *objects;
-		if (refuse_worker)
-			(void) idem_citus_route(whole, NULL, false);	/* refuses on a worker */
+		if (rc != NULL && refuse_on_worker && rc->group != CITUS_COORDINATOR_GROUP)
+			refuse_worker(rc->group);
 		return list_make1(whole);
 	}
-	memset(&p, 0, sizeof(p));
-	p.group = local_group();
-	for_each_shard(objects->records, collect_local, &p);
-	forboth(sc, p.shards, mc, p.mins)
+	for (int i = 0; i < rc->nshards; i++)
 	{
-		IdemObjects *part = palloc(sizeof(IdemObjects));
-		int64		shardid = *(int64 *) lfirst(sc);
+		IdemObjects *part;
 
+		if (!rc->shards[i].local)
+			continue;
+		part = palloc(sizeof(IdemObjects));
 		*part = *objects;
-		part->records = shard_relid(objects->records, shardid);
+		part->records = rc->shards[i].records;
 		if (OidIsValid(objects->results))
-			part->results = shard_relid(objects->results,
-										shard_of_hash(objects->results, lfirst_int(mc)));
+			part->results = rc->shards[i].results;
 		parts = lappend(parts, part);
 	}
 	return parts;

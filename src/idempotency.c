@@ -14,6 +14,7 @@
 
 #include "args.h"
 #include "catalog.h"
+#include "citus.h"
 #include "counters.h"
 #include "idempotency.h"
 #include "publication.h"
@@ -33,6 +34,7 @@ _PG_init(void)
 	idem_counters_init();		/* shared memory, when preloaded */
 	idem_catalog_init();		/* forget cached OIDs on invalidation */
 	idem_shape_init();			/* forget cached shapes on invalidation */
+	idem_citus_init();			/* forget the Citus layout on invalidation */
 
 	MarkGUCPrefixReserved("idempotency");
 }
