@@ -162,7 +162,7 @@ SELECT @extschema@.idem_set_durability(@extschema@.idem_durability());
 CREATE FUNCTION @extschema@.idem_distribute_node()
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $idem_distribute_node$
 DECLARE
 	monitor text;
@@ -170,7 +170,7 @@ DECLARE
 		'WHERE role_id OPERATOR(pg_catalog.=) ANY (SELECT rolname FROM pg_catalog.pg_roles)';
 BEGIN
 	IF (SELECT atttypid FROM pg_attribute
-		 WHERE attrelid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass
+		 WHERE attrelid OPERATOR(pg_catalog.=) 'idem_record'::regclass
 		   AND attname OPERATOR(pg_catalog.=) 'role_id') OPERATOR(pg_catalog.=) 'name'::regtype THEN
 		RETURN false;
 	END IF;
@@ -180,8 +180,8 @@ BEGIN
 	-- (a node added after distributing has a shell, whose records are the
 	-- shards': Citus would plan a query of it as a distributed one)
 	IF NOT EXISTS (SELECT FROM pg_dist_partition
-					WHERE logicalrelid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass) THEN
-		IF EXISTS (SELECT FROM @extschema@.idem_record
+					WHERE logicalrelid OPERATOR(pg_catalog.=) 'idem_record'::regclass) THEN
+		IF EXISTS (SELECT FROM idem_record
 					WHERE holder IS NOT NULL AND completed_at IS NULL) THEN
 			RAISE EXCEPTION 'idempotency records with pending session claims cannot be distributed'
 				USING ERRCODE = '55006',
@@ -190,38 +190,41 @@ BEGIN
 		END IF;
 	END IF;
 	IF (SELECT relpersistence FROM pg_class
-		 WHERE oid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass) OPERATOR(pg_catalog.<>) 'p'
+		 WHERE oid OPERATOR(pg_catalog.=) 'idem_record'::regclass) OPERATOR(pg_catalog.<>) 'p'
 	   OR (SELECT relpersistence FROM pg_class
-			WHERE oid OPERATOR(pg_catalog.=) '@extschema@.idem_result'::regclass) OPERATOR(pg_catalog.<>) 'p' THEN
+			WHERE oid OPERATOR(pg_catalog.=) 'idem_result'::regclass) OPERATOR(pg_catalog.<>) 'p' THEN
 		IF (SELECT groupid FROM pg_dist_local_group) OPERATOR(pg_catalog.=) 0 THEN
-			PERFORM @extschema@.idem_set_durability('all');
+			PERFORM idem_set_durability('all');
 		ELSE
 			-- a worker's own tables, which no call reads
-			ALTER TABLE @extschema@.idem_record SET LOGGED;
-			ALTER TABLE @extschema@.idem_result SET LOGGED;
+			ALTER TABLE idem_record SET LOGGED;
+			ALTER TABLE idem_result SET LOGGED;
 		END IF;
 	END IF;
-	DROP TRIGGER IF EXISTS settle_records ON @extschema@.idem_record;
-	DROP TRIGGER IF EXISTS settle_records ON @extschema@.idem_result;
+	DROP TRIGGER IF EXISTS settle_records ON idem_record;
+	DROP TRIGGER IF EXISTS settle_records ON idem_result;
 
-	monitor := pg_get_viewdef('@extschema@.idem_monitor'::regclass);
+	monitor := pg_get_viewdef('idem_monitor'::regclass);
 	IF strpos(monitor, '(a.oid = (g.role_id)::oid)') OPERATOR(pg_catalog.=) 0 THEN
 		RAISE EXCEPTION 'view idem_monitor is not the extension''s'
 			USING ERRCODE = '55000', DETAIL = monitor;
 	END IF;
 	monitor := replace(monitor, '(a.oid = (g.role_id)::oid)', '(a.rolname = g.role_id)');
-	ALTER EXTENSION idempotency DROP VIEW @extschema@.idem_monitor;
-	DROP VIEW @extschema@.idem_monitor;
+	ALTER EXTENSION idempotency DROP VIEW idem_monitor;
+	DROP VIEW idem_monitor;
 
-	ALTER TABLE @extschema@.idem_record
+	ALTER TABLE idem_record
 		ALTER COLUMN role_id TYPE pg_catalog.name COLLATE "C" USING pg_catalog.pg_get_userbyid(role_id);
-	ALTER TABLE @extschema@.idem_result
+	ALTER TABLE idem_result
 		ALTER COLUMN role_id TYPE pg_catalog.name COLLATE "C" USING pg_catalog.pg_get_userbyid(role_id);
 
-	EXECUTE format('CREATE VIEW @extschema@.idem_monitor WITH (security_barrier) AS %s', monitor);
-	ALTER EXTENSION idempotency ADD VIEW @extschema@.idem_monitor;
-	REVOKE ALL ON @extschema@.idem_monitor FROM PUBLIC;
-	GRANT SELECT ON @extschema@.idem_monitor TO pg_monitor;
+	EXECUTE format('CREATE VIEW %I.idem_monitor WITH (security_barrier) AS %s',
+				   (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+					 WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'),
+				   monitor);
+	ALTER EXTENSION idempotency ADD VIEW idem_monitor;
+	REVOKE ALL ON idem_monitor FROM PUBLIC;
+	GRANT SELECT ON idem_monitor TO pg_monitor;
 
 	/* pg_extension_config_dump() runs only in a script: its filters, by hand */
 	UPDATE pg_extension
@@ -236,13 +239,15 @@ $idem_distribute_node$;
 CREATE FUNCTION @extschema@.idem_distribute_workers()
 RETURNS pg_catalog.void
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $idem_distribute_workers$
 DECLARE
 	failed text;
 BEGIN
 	SELECT string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ') INTO failed
-	  FROM run_command_on_workers('SELECT @extschema@.idem_distribute_node()')
+	  FROM run_command_on_workers(format('SELECT %I.idem_distribute_node()',
+			(SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+			  WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency')))
 	 WHERE NOT success;
 	IF failed IS NOT NULL THEN
 		RAISE EXCEPTION 'idempotency records could not be prepared on every worker'
@@ -254,7 +259,7 @@ $idem_distribute_workers$;
 CREATE FUNCTION @extschema@.idem_distribute()
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $idem_distribute$
 DECLARE
 	fn regprocedure;
@@ -273,31 +278,31 @@ BEGIN
 	END IF;
 	-- a node added since: its own tables
 	IF EXISTS (SELECT FROM pg_dist_partition
-				WHERE logicalrelid OPERATOR(pg_catalog.=) '@extschema@.idem_record'::regclass) THEN
-		PERFORM @extschema@.idem_distribute_workers();
+				WHERE logicalrelid OPERATOR(pg_catalog.=) 'idem_record'::regclass) THEN
+		PERFORM idem_distribute_workers();
 		RETURN false;
 	END IF;
 
 	-- no claim or finish runs on the tables while they change
-	LOCK TABLE @extschema@.idem_record, @extschema@.idem_result IN ACCESS EXCLUSIVE MODE;
-	PERFORM @extschema@.idem_distribute_node();
-	PERFORM @extschema@.idem_distribute_workers();
-	PERFORM create_distributed_table('@extschema@.idem_record', 'key');
-	PERFORM create_distributed_table('@extschema@.idem_result', 'key',
-									 colocate_with => '@extschema@.idem_record');
-	PERFORM truncate_local_data_after_distributing_table('@extschema@.idem_record');
-	PERFORM truncate_local_data_after_distributing_table('@extschema@.idem_result');
+	LOCK TABLE idem_record, idem_result IN ACCESS EXCLUSIVE MODE;
+	PERFORM idem_distribute_node();
+	PERFORM idem_distribute_workers();
+	PERFORM create_distributed_table('idem_record', 'key');
+	PERFORM create_distributed_table('idem_result', 'key',
+									 colocate_with => 'idem_record');
+	PERFORM truncate_local_data_after_distributing_table('idem_record');
+	PERFORM truncate_local_data_after_distributing_table('idem_result');
 	FOREACH fn IN ARRAY ARRAY[
-		'@extschema@.idem_begin(text, text, bytea, text, interval, interval, text, interval)',
-		'@extschema@.idem_finish(text, text, int8, jsonb)',
-		'@extschema@.idem_abort(text, text, int8)',
-		'@extschema@.idem_renew(text, text, int8, interval)',
-		'@extschema@.idem_checkpoint(text, text, int8, jsonb)',
-		'@extschema@.idem_inspect(text, text)',
-		'@extschema@.idem_forget(text, text, name, bool)']::regprocedure[]
+		'idem_begin(text, text, bytea, text, interval, interval, text, interval)',
+		'idem_finish(text, text, int8, jsonb)',
+		'idem_abort(text, text, int8)',
+		'idem_renew(text, text, int8, interval)',
+		'idem_checkpoint(text, text, int8, jsonb)',
+		'idem_inspect(text, text)',
+		'idem_forget(text, text, name, bool)']::regprocedure[]
 	LOOP
 		PERFORM create_distributed_function(fn, '$2',
-											colocate_with => '@extschema@.idem_record',
+											colocate_with => 'idem_record',
 											force_delegation => true);
 	END LOOP;
 	RETURN true;

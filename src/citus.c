@@ -85,12 +85,19 @@
 static void (*use_2pc) (void) = NULL;
 static void (*lock_shard_metadata) (int64 shardid, LOCKMODE mode) = NULL;
 
+/* Is Citus loaded in this backend (it must be preloaded, or it refuses)? */
+bool
+idem_citus_loaded(void)
+{
+	return GetConfigOption("citus.version", true, false) != NULL;
+}
+
 /* Is this a node of a Citus cluster, as far as this database goes? */
 static bool
 on_citus(void)
 {
-	return GetConfigOption("citus.version", true, false) != NULL &&
-		!creating_extension && OidIsValid(get_extension_oid("citus", true));
+	return idem_citus_loaded() && !creating_extension &&
+		OidIsValid(get_extension_oid("citus", true));
 }
 
 /* One of Citus's catalogs (or their indexes) in pg_catalog */

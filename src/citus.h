@@ -12,6 +12,7 @@
 #include "catalog.h"
 
 extern void idem_citus_init(void);
+extern bool idem_citus_loaded(void);
 extern bool idem_citus_route(IdemObjects *objects, const text *key, bool write);
 extern List *idem_citus_local_parts(const IdemObjects *objects, bool refuse_on_worker);
 extern bool idem_citus_distributed(Oid records);

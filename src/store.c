@@ -146,25 +146,28 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode, const IdemKey *
 {
 	IdemObjects objects;
 	Oid			shell;
+	bool		citus = idem_citus_loaded();
 
 	idem_catalog_objects(fn_oid, &objects);
 	shell = objects.records;
 
 	/*
-	 * Where the record is is decided under the lock on idem_record (on a
-	 * node with distributed records, its shell): idem_distribute() holds an
-	 * ACCESS EXCLUSIVE lock on it while it moves the records to the shards.
+	 * On Citus, where the record is is decided under the lock on
+	 * idem_record (with distributed records, its shell): idem_distribute()
+	 * holds an ACCESS EXCLUSIVE lock on it while it moves the records to
+	 * the shards.
 	 */
-	LockRelationOid(shell, lockmode);
-	store->distributed = idem_citus_route(&objects, key ? key->key : NULL,
-										  lockmode != AccessShareLock);
+	if (citus)
+		LockRelationOid(shell, lockmode);
+	store->distributed = citus &&
+		idem_citus_route(&objects, key ? key->key : NULL, lockmode != AccessShareLock);
 	if (store->distributed && key == NULL)
 		elog(ERROR, "distributed idempotency records opened without a key");
 	store->key = key;
 	open_objects(store, &objects, fn_oid, lockmode);
 	/* the tables' own lock is the one to keep, or the shell's */
 	store->shell = store->distributed ? shell : InvalidOid;
-	if (!store->distributed)
+	if (citus && !store->distributed)
 		UnlockRelationOid(shell, lockmode);
 }
 
