@@ -30,6 +30,7 @@
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 
 #include "args.h"
 #include "idempotency.h"
@@ -78,17 +79,39 @@ name_arg(FunctionCallInfo fcinfo, int argno, const char *name)
 	return value;
 }
 
-/* The calling role's key for (operation, key) from arguments 0 and 1 */
-void
-idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key)
+/*
+ * The calling role's key from the arguments: (operation, key), or, in an
+ * idem_* function's tenant form, (tenant, operation, key).  Returns the
+ * number of the argument after the key.
+ */
+int
+idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key, bool tenant)
 {
+	int			a = tenant ? 1 : 0;
+
 	key->role = GetUserId();
-	key->operation = name_arg(fcinfo, 0, "operation");
-	key->key = name_arg(fcinfo, 1, "key");
+	key->has_tenant = tenant;
+	key->tenant_type = InvalidOid;
+	key->tenant = (Datum) 0;
+	if (tenant)
+	{
+		idem_require_arg(fcinfo, 0, "tenant");
+		key->tenant_type = get_fn_expr_argtype(fcinfo->flinfo, 0);
+		if (!OidIsValid(key->tenant_type))
+			elog(ERROR, "idempotency: the type of argument \"tenant\" is unknown");
+		key->tenant = PG_GETARG_DATUM(0);
+	}
+	key->operation = name_arg(fcinfo, a, "operation");
+	key->key = name_arg(fcinfo, a + 1, "key");
 	idem_key_hash(key);
+	return a + 2;
 }
 
-/* key->hash, which names the key's locks, from the role, operation and key */
+/*
+ * key->hash, which names the key's locks, from the role, operation and key,
+ * and the tenant's hash (by its type's hash function: a tenant equal to
+ * another hashes alike) if it has one
+ */
 void
 idem_key_hash(IdemKey *key)
 {
@@ -101,6 +124,16 @@ idem_key_hash(IdemKey *key)
 							VARSIZE_ANY_EXHDR(key->operation), h);
 	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(key->key),
 							VARSIZE_ANY_EXHDR(key->key), h);
+	if (key->has_tenant)
+	{
+		TypeCacheEntry *type = lookup_type_cache(key->tenant_type,
+												 TYPECACHE_HASH_EXTENDED_PROC_FINFO);
+
+		if (OidIsValid(type->hash_extended_proc_finfo.fn_oid))
+			h = DatumGetUInt64(FunctionCall2Coll(&type->hash_extended_proc_finfo,
+												 type->typcollation, key->tenant,
+												 UInt64GetDatum(h)));
+	}
 	key->hash = h;
 }
 

@@ -14,7 +14,7 @@
 extern void idem_args_init(void);
 extern void idem_check_settings(void);
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name);
-extern void idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key);
+extern int	idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key, bool tenant);
 extern void idem_key_hash(IdemKey *key);
 extern int64 idem_token_arg(FunctionCallInfo fcinfo, int argno);
 extern bytea *idem_fingerprint_arg(FunctionCallInfo fcinfo, int argno);

@@ -57,8 +57,9 @@ static Oid	token_seqid = InvalidOid;
 static Oid	epoch_seqid = InvalidOid;	/* InvalidOid in a schema without it */
 static char result_persistence = 0; /* idem_result's; 0: not looked up */
 
-static void
-forget_relids(Datum arg, Oid relid)
+/* A relcache invalidation of relid (InvalidOid: of all): idempotency.c */
+void
+idem_catalog_forget(Oid relid)
 {
 	if (relid == InvalidOid || relid == record_relid ||
 		relid == result_relid || relid == token_seqid || relid == epoch_seqid)
@@ -67,12 +68,6 @@ forget_relids(Datum arg, Oid relid)
 			epoch_seqid = InvalidOid;
 		result_persistence = 0;
 	}
-}
-
-void
-idem_catalog_init(void)
-{
-	CacheRegisterRelcacheCallback(forget_relids, (Datum) 0);
 }
 
 /*

@@ -24,6 +24,6 @@ extern Oid	idem_catalog_result_relid(Oid fn_oid);
 extern Oid	idem_catalog_table(Oid fn_oid, const char *name);
 extern Oid	idem_catalog_member(Oid extoid, Oid token_seq, const char *name);
 extern bool idem_catalog_result_logged(Oid resultid);
-extern void idem_catalog_init(void);
+extern void idem_catalog_forget(Oid relid);
 
 #endif							/* IDEM_CATALOG_H */

@@ -67,6 +67,13 @@
 #include "catalog/pg_namespace_d.h"
 #include "commands/extension.h"
 #include "fmgr.h"
+#include "nodes/primnodes.h"
+#include "nodes/readfuncs.h"
+#include "access/xact.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_type_d.h"
+#include "miscadmin.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
@@ -74,16 +81,27 @@
 #include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
+#include "utils/typcache.h"
 
 #include "catalog.h"
 #include "citus.h"
+#include "store.h"
 
 /* The coordinator's group: a node Citus has not added to a cluster has it too */
 #define CITUS_COORDINATOR_GROUP 0
 
-/* Citus's functions, looked up once */
+/*
+ * Citus's functions, looked up once.  Use2PCForCoordinatedTransaction() is
+ * a C function Citus's builds for PostgreSQL 16 and later do not export
+ * (PostgreSQL compiles modules with hidden symbols from 16 on, and Citus
+ * does not mark it PGDLLEXPORT): use_2pc_missing says so.
+ * lock_shard_metadata() is Citus's SQL-callable function, exported by
+ * every build.
+ */
 static void (*use_2pc) (void) = NULL;
-static void (*lock_shard_metadata) (int64 shardid, LOCKMODE mode) = NULL;
+static bool use_2pc_missing = false;
+static PGFunction lock_shard_metadata = NULL;
 
 /* Is Citus loaded in this backend (it must be preloaded, or it refuses)? */
 bool
@@ -163,20 +181,40 @@ local_group(void)
 	return group;
 }
 
-/* Is relid a distributed table (a row of pg_dist_partition)? */
+/*
+ * Is relid a distributed table (a row of pg_dist_partition)?  If it is and
+ * column is not NULL, *column is its distribution column (NULL for a table
+ * that has none, a reference table), as Citus keeps it: a Var.
+ */
 static bool
-is_distributed(Oid relid)
+distribution_of(Oid relid, Var **column)
 {
 	Relation	rel;
 	SysScanDesc scan;
 	ScanKeyData skey;
+	HeapTuple	tuple;
 	bool		found;
+	Oid			catalog = citus_catalog("pg_dist_partition");
 
-	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(relid));
-	rel = table_open(citus_catalog("pg_dist_partition"), AccessShareLock);
+	ScanKeyInit(&skey, citus_column(catalog, "logicalrelid"), BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(relid));
+	rel = table_open(catalog, AccessShareLock);
 	scan = systable_beginscan(rel, citus_catalog("pg_dist_partition_logical_relid_index"),
 							  true, NULL, 1, &skey);
-	found = HeapTupleIsValid(systable_getnext(scan));
+	tuple = systable_getnext(scan);
+	found = HeapTupleIsValid(tuple);
+	if (found && column != NULL)
+	{
+		bool		isnull;
+		Datum		partkey = heap_getattr(tuple, citus_column(catalog, "partkey"),
+										   RelationGetDescr(rel), &isnull);
+		Node	   *node = isnull ? NULL : stringToNode(TextDatumGetCString(partkey));
+
+		if (node != NULL && !IsA(node, Var))
+			elog(ERROR, "idempotency: the distribution column of \"%s\" is not a column",
+				 get_rel_name(relid));
+		*column = (Var *) node;
+	}
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return found;
@@ -292,6 +330,9 @@ typedef struct RouteCache
 	Oid			local_group_rel;	/* pg_dist_local_group */
 	int32		group;
 	bool		distributed;
+	bool		by_tenant;		/* distributed by a tenant, not by key */
+	Oid			dist_type;		/* the distribution column's type */
+	Oid			dist_collation; /* ... and collation */
 	int			nshards;
 	ShardRoute *shards;			/* by range, in CacheMemoryContext */
 } RouteCache;
@@ -299,8 +340,9 @@ typedef struct RouteCache
 static RouteCache route = {0};
 static uint64 route_invalidations = 0;
 
-static void
-forget_route(Datum arg, Oid relid)
+/* A relcache invalidation of relid (InvalidOid: of all): idempotency.c */
+void
+idem_citus_forget(Oid relid)
 {
 	if (!route.valid)
 		return;
@@ -310,12 +352,6 @@ forget_route(Datum arg, Oid relid)
 		route.valid = false;
 		route_invalidations++;
 	}
-}
-
-void
-idem_citus_init(void)
-{
-	CacheRegisterRelcacheCallback(forget_route, (Datum) 0);
 }
 
 /* the ranges of one table's shards, by their least value */
@@ -359,18 +395,28 @@ build_route(const IdemObjects *objects)
 {
 	ShardList	recs = {0};
 	ShardList	ress = {0};
+	Var		   *column = NULL;
 
 	route.records = objects->records;
 	route.results = objects->results;
 	route.local_group_rel = citus_catalog("pg_dist_local_group");
 	route.group = local_group();
-	route.distributed = is_distributed(objects->records);
+	route.distributed = distribution_of(objects->records, &column);
 	route.nshards = 0;
 	if (route.shards != NULL)
 		pfree(route.shards);
 	route.shards = NULL;
 	if (!route.distributed)
 		return;
+	if (column == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency table \"%s\" is not hash-distributed",
+						get_rel_name(objects->records))));
+	/* by key, as idem_distribute() makes it, or by the tenant it colocates with */
+	route.by_tenant = column->varattno != get_attnum(objects->records, "key");
+	route.dist_type = column->vartype;
+	route.dist_collation = column->varcollid;
 
 	for_each_shard(objects->records, collect_shard, &recs);
 	if (OidIsValid(objects->results))
@@ -455,14 +501,82 @@ shard_of_hash(RouteCache *rc, int32 hash)
 	pg_unreachable();
 }
 
+/*
+ * Is this backend one of the connections Citus opens between its nodes
+ * (a delegated call, a shard's part of a distributed statement)?  Citus
+ * names them so (application_name "citus_internal gpid=...").  Their
+ * transactions are parts of the coordinating node's, which commits them.
+ */
+static bool
+citus_internal_backend(void)
+{
+	const char *name = GetConfigOption("application_name", true, false);
+
+	return name != NULL && strncmp(name, "citus_internal", strlen("citus_internal")) == 0;
+}
+
+/*
+ * A write of records in a transaction that may also write other nodes
+ * through Citus: make Citus commit those in two phases (see the top).
+ * Where this Citus does not let us ask, a transaction block of the
+ * coordinating backend is refused: its records and its other nodes'
+ * writes could not be committed as one.  An autocommit call, or a part of
+ * another node's transaction, needs nothing.
+ */
 static void
 tell_citus_local_write(void)
 {
-	if (use_2pc == NULL)
+	if (use_2pc == NULL && !use_2pc_missing)
+	{
 		use_2pc = (void (*) (void))
 			load_external_function("citus", "Use2PCForCoordinatedTransaction",
-								   true, NULL);
-	use_2pc();
+								   false, NULL);
+		use_2pc_missing = (use_2pc == NULL);
+	}
+	if (use_2pc != NULL)
+		use_2pc();
+	else if (IsTransactionBlock() && !citus_internal_backend())
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idempotency records cannot be written in a transaction block on this Citus node"),
+				 errdetail("This build of Citus does not export Use2PCForCoordinatedTransaction(), by which a transaction that writes records here asks Citus to commit the other nodes it writes in two phases; without it a crash between those commits and this node's would keep the effect and lose the record."),
+				 errhint("Call idem_begin and idem_finish in transactions of their own, or distribute the records with idem_distribute() and call them through a node that does not hold the key.")));
+}
+
+/* Citus's shard metadata lock on shardid in share mode, as its writers take it */
+static void
+lock_shard_in_share_mode(Oid shell, int64 shardid)
+{
+	Datum		id = Int64GetDatum(shardid);
+	ArrayType  *ids = construct_array(&id, 1, INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+									  TYPALIGN_DOUBLE);
+	HeapTuple	tuple;
+	Oid			owner;
+	Oid			save_userid;
+	int			save_sec_context;
+
+	if (lock_shard_metadata == NULL)
+		lock_shard_metadata = load_external_function("citus", "lock_shard_metadata",
+													 true, NULL);
+	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(shell));
+	if (!HeapTupleIsValid(tuple))
+		elog(ERROR, "cache lookup failed for relation %u", shell);
+	owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+	ReleaseSysCache(tuple);
+
+	/* Citus lets the table's owner take it: the extension's, as for its functions */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		DirectFunctionCall2(lock_shard_metadata, Int32GetDatum(ShareLock),
+							PointerGetDatum(ids));
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
+	PG_END_TRY();
 }
 
 static void
@@ -477,12 +591,34 @@ refuse_worker(int32 group)
 }
 
 /*
+ * The hash Citus routes a key's record by: its hash of the distribution
+ * column's value -- the key, or the tenant -- by the column type's hash
+ * function and collation
+ */
+static int32
+route_hash(RouteCache *rc, const IdemKey *key)
+{
+	TypeCacheEntry *type;
+	Datum		value;
+
+	idem_store_check_tenant(key, rc->by_tenant ? rc->dist_type : InvalidOid);
+	value = rc->by_tenant ? key->tenant : PointerGetDatum(key->key);
+
+	type = lookup_type_cache(rc->dist_type, TYPECACHE_HASH_PROC_FINFO);
+	if (!OidIsValid(type->hash_proc_finfo.fn_oid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("type %s has no hash function", format_type_be(rc->dist_type))));
+	return DatumGetInt32(FunctionCall1Coll(&type->hash_proc_finfo, rc->dist_collation, value));
+}
+
+/*
  * Point objects->records and objects->results at what this node serves
  * the key from, and say whether the records are distributed.  key NULL:
  * a call for the whole store (see idem_citus_local_parts).
  */
 bool
-idem_citus_route(IdemObjects *objects, const text *key, bool write)
+idem_citus_route(IdemObjects *objects, const IdemKey *key, bool write)
 {
 	RouteCache *rc = get_route(objects);
 	int32		hash;
@@ -502,15 +638,9 @@ idem_citus_route(IdemObjects *objects, const text *key, bool write)
 	if (key == NULL)
 		return true;
 
-	/* the shard Citus routes the key to: its hash of the text, any collation */
-	hash = DatumGetInt32(DirectFunctionCall1Coll(hashtext, C_COLLATION_OID,
-												 PointerGetDatum(key)));
+	hash = route_hash(rc, key);
 	shardid = shard_of_hash(rc, hash)->shardid;
-	if (lock_shard_metadata == NULL)
-		lock_shard_metadata = (void (*) (int64, LOCKMODE))
-			load_external_function("citus", "LockShardDistributionMetadata",
-								   true, NULL);
-	lock_shard_metadata(shardid, ShareLock);
+	lock_shard_in_share_mode(objects->records, shardid);
 	/* a move that committed while we waited for the lock */
 	AcceptInvalidationMessages();
 	rc = get_route(objects);
@@ -519,10 +649,10 @@ idem_citus_route(IdemObjects *objects, const text *key, bool write)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("the idempotency record of key \"%s\" is not on this node",
-						text_to_cstring(key)),
+						text_to_cstring(key->key)),
 				 errdetail("The records are distributed, and this key's shard " INT64_FORMAT " has no placement on this node (group %d): Citus did not delegate the call to the node that holds it.",
 						   shardid, rc->group),
-				 errhint("Call the idem_* functions as statements of their own with constant operation and key, SELECT idem_begin('op', 'key', ...), from the application or inside a transaction block, not from a PL/pgSQL function or with a query's column as the key. A call that raced a shard move can be retried.")));
+				 errhint("Call the idem_* functions as statements of their own with constant arguments, SELECT idem_begin('op', 'key', ...), from the application or inside a transaction block, not with a query's column as the key or from a PL/pgSQL function (unless Citus delegates that function to the tenant's node). A call that raced a shard move can be retried.")));
 	objects->records = shard->records;
 	if (OidIsValid(objects->results))
 		objects->results = shard->results;
@@ -572,5 +702,5 @@ idem_citus_local_parts(const IdemObjects *objects, bool refuse_on_worker)
 bool
 idem_citus_distributed(Oid records)
 {
-	return on_citus() && is_distributed(records);
+	return on_citus() && distribution_of(records, NULL);
 }

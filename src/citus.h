@@ -10,10 +10,11 @@
 
 #include "nodes/pg_list.h"
 #include "catalog.h"
+#include "idempotency.h"
 
-extern void idem_citus_init(void);
+extern void idem_citus_forget(Oid relid);
 extern bool idem_citus_loaded(void);
-extern bool idem_citus_route(IdemObjects *objects, const text *key, bool write);
+extern bool idem_citus_route(IdemObjects *objects, const IdemKey *key, bool write);
 extern List *idem_citus_local_parts(const IdemObjects *objects, bool refuse_on_worker);
 extern bool idem_citus_distributed(Oid records);
 

@@ -65,6 +65,12 @@ PG_FUNCTION_INFO_V1(idem_abort);
 PG_FUNCTION_INFO_V1(idem_renew);
 PG_FUNCTION_INFO_V1(idem_checkpoint);
 PG_FUNCTION_INFO_V1(idem_forget);
+PG_FUNCTION_INFO_V1(idem_begin_tenant);
+PG_FUNCTION_INFO_V1(idem_finish_tenant);
+PG_FUNCTION_INFO_V1(idem_abort_tenant);
+PG_FUNCTION_INFO_V1(idem_renew_tenant);
+PG_FUNCTION_INFO_V1(idem_checkpoint_tenant);
+PG_FUNCTION_INFO_V1(idem_forget_tenant);
 
 typedef enum ClaimStatus
 {
@@ -455,14 +461,16 @@ static Oid	result_fn_oid = InvalidOid;
 static Oid	result_type = InvalidOid;
 
 /*
- * idem_begin(operation, key, fingerprint, in_flight, lease, ttl
+ * idem_begin([tenant,] operation, key, fingerprint, in_flight, lease, ttl
  *			  [, takeover, remember]): the SQL function of a schema without
- * takeover and remember has the first six arguments only.
+ * takeover and remember has the first six arguments only.  The tenant
+ * form is the one idem_distribute(colocate_with) creates.
  */
-Datum
-idem_begin(PG_FUNCTION_ARGS)
+static Datum
+begin_call(FunctionCallInfo fcinfo, bool tenant)
 {
 	IdemKey		key;
+	int			a;				/* the argument after the key */
 	ClaimRequest req;
 	int64		ttl_usecs;
 	IdemStore	store;
@@ -476,15 +484,15 @@ idem_begin(PG_FUNCTION_ARGS)
 
 	idem_check_settings();
 
-	idem_key_from_args(fcinfo, &key);
-	req.fingerprint = idem_fingerprint_arg(fcinfo, 2);
-	req.policy = idem_policy_arg(fcinfo, 3);
+	a = idem_key_from_args(fcinfo, &key, tenant);
+	req.fingerprint = idem_fingerprint_arg(fcinfo, a);
+	req.policy = idem_policy_arg(fcinfo, a + 1);
 
-	req.lease = idem_lease_arg(fcinfo, 4);
-	req.ttl = idem_ttl_arg(fcinfo, 5);
+	req.lease = idem_lease_arg(fcinfo, a + 2);
+	req.ttl = idem_ttl_arg(fcinfo, a + 3);
 	ttl_usecs = idem_interval_usecs(&req.ttl, "ttl");
-	req.takeover = idem_takeover_arg(fcinfo, 6);
-	req.remember = idem_remember_arg(fcinfo, 7);
+	req.takeover = idem_takeover_arg(fcinfo, a + 4);
+	req.remember = idem_remember_arg(fcinfo, a + 5);
 
 	if (req.lease <= 0)
 		ereport(ERROR,
@@ -502,7 +510,7 @@ idem_begin(PG_FUNCTION_ARGS)
 	 * an argument that says so is an error.
 	 */
 	if (req.remember != 0 && req.remember < ttl_usecs &&
-		(PG_NARGS() <= 7 || PG_ARGISNULL(7)))
+		(PG_NARGS() <= a + 5 || PG_ARGISNULL(a + 5)))
 		req.remember = 0;
 	if (req.remember != 0 && req.remember < ttl_usecs)
 		ereport(ERROR,
@@ -701,9 +709,22 @@ act_on_claim_for(FunctionCallInfo fcinfo, const char *fname, const IdemKey *key,
 }
 
 Datum
-idem_finish(PG_FUNCTION_ARGS)
+idem_begin(PG_FUNCTION_ARGS)
+{
+	return begin_call(fcinfo, false);
+}
+
+Datum
+idem_begin_tenant(PG_FUNCTION_ARGS)
+{
+	return begin_call(fcinfo, true);
+}
+
+static Datum
+finish_call(FunctionCallInfo fcinfo, bool tenant)
 {
 	IdemKey		key;
+	int			a;
 	int64		token;
 	Jsonb	   *response;
 	IdemRecord	rec;
@@ -711,9 +732,9 @@ idem_finish(PG_FUNCTION_ARGS)
 
 	idem_check_settings();
 
-	idem_key_from_args(fcinfo, &key);
-	token = idem_token_arg(fcinfo, 2);
-	response = idem_response_arg(fcinfo, 3, "response");
+	a = idem_key_from_args(fcinfo, &key, tenant);
+	token = idem_token_arg(fcinfo, a);
+	response = idem_response_arg(fcinfo, a + 1, "response");
 
 	held = act_on_claim_for(fcinfo, "idem_finish()", &key, token, CLAIM_FINISH,
 							response, 0, &rec);
@@ -724,7 +745,19 @@ idem_finish(PG_FUNCTION_ARGS)
 }
 
 Datum
-idem_abort(PG_FUNCTION_ARGS)
+idem_finish(PG_FUNCTION_ARGS)
+{
+	return finish_call(fcinfo, false);
+}
+
+Datum
+idem_finish_tenant(PG_FUNCTION_ARGS)
+{
+	return finish_call(fcinfo, true);
+}
+
+static Datum
+abort_call(FunctionCallInfo fcinfo, bool tenant)
 {
 	IdemKey		key;
 	int64		token;
@@ -733,8 +766,7 @@ idem_abort(PG_FUNCTION_ARGS)
 
 	idem_check_settings();
 
-	idem_key_from_args(fcinfo, &key);
-	token = idem_token_arg(fcinfo, 2);
+	token = idem_token_arg(fcinfo, idem_key_from_args(fcinfo, &key, tenant));
 
 	held = act_on_claim_for(fcinfo, "idem_abort()", &key, token, CLAIM_ABORT,
 							NULL, 0, &rec);
@@ -744,14 +776,27 @@ idem_abort(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(held);
 }
 
-/*
- * idem_renew(operation, key, token, lease): extend a claim for a long
- * action; returns the new end of the lease.  Waiters keep waiting.
- */
 Datum
-idem_renew(PG_FUNCTION_ARGS)
+idem_abort(PG_FUNCTION_ARGS)
+{
+	return abort_call(fcinfo, false);
+}
+
+Datum
+idem_abort_tenant(PG_FUNCTION_ARGS)
+{
+	return abort_call(fcinfo, true);
+}
+
+/*
+ * idem_renew([tenant,] operation, key, token, lease): extend a claim for a
+ * long action; returns the new end of the lease.  Waiters keep waiting.
+ */
+static Datum
+renew_call(FunctionCallInfo fcinfo, bool tenant)
 {
 	IdemKey		key;
+	int			a;
 	int64		token;
 	int64		lease;
 	IdemRecord	rec;
@@ -759,10 +804,10 @@ idem_renew(PG_FUNCTION_ARGS)
 
 	idem_check_settings();
 
-	idem_key_from_args(fcinfo, &key);
-	token = idem_token_arg(fcinfo, 2);
-	idem_require_arg(fcinfo, 3, "lease");
-	lease = idem_interval_usecs(PG_GETARG_INTERVAL_P(3), "lease");
+	a = idem_key_from_args(fcinfo, &key, tenant);
+	token = idem_token_arg(fcinfo, a);
+	idem_require_arg(fcinfo, a + 1, "lease");
+	lease = idem_interval_usecs(PG_GETARG_INTERVAL_P(a + 1), "lease");
 	if (lease <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -776,31 +821,56 @@ idem_renew(PG_FUNCTION_ARGS)
 	PG_RETURN_TIMESTAMPTZ(rec.expires_at);
 }
 
+Datum
+idem_renew(PG_FUNCTION_ARGS)
+{
+	return renew_call(fcinfo, false);
+}
+
+Datum
+idem_renew_tenant(PG_FUNCTION_ARGS)
+{
+	return renew_call(fcinfo, true);
+}
+
 /*
- * idem_checkpoint(operation, key, token, state): record progress on a
+ * idem_checkpoint([tenant,] operation, key, token, state): record progress on a
  * pending claim.  If the claim is taken over, the next owner
  * gets status 'recover' with this state.  In durability mode 'completed'
  * the claim moves to the logged idem_result with it, so the checkpoint
  * survives a crash together with its claim.
  */
-Datum
-idem_checkpoint(PG_FUNCTION_ARGS)
+static Datum
+checkpoint_call(FunctionCallInfo fcinfo, bool tenant)
 {
 	IdemKey		key;
+	int			a;
 	int64		token;
 	Jsonb	   *state;
 	IdemRecord	rec;
 
 	idem_check_settings();
 
-	idem_key_from_args(fcinfo, &key);
-	token = idem_token_arg(fcinfo, 2);
-	state = idem_response_arg(fcinfo, 3, "state");
+	a = idem_key_from_args(fcinfo, &key, tenant);
+	token = idem_token_arg(fcinfo, a);
+	state = idem_response_arg(fcinfo, a + 1, "state");
 
 	if (!act_on_claim_for(fcinfo, "idem_checkpoint()", &key, token,
 						  CLAIM_CHECKPOINT, state, 0, &rec))
 		raise_stale_token(fcinfo, &key, token);
 	PG_RETURN_VOID();
+}
+
+Datum
+idem_checkpoint(PG_FUNCTION_ARGS)
+{
+	return checkpoint_call(fcinfo, false);
+}
+
+Datum
+idem_checkpoint_tenant(PG_FUNCTION_ARGS)
+{
+	return checkpoint_call(fcinfo, true);
 }
 
 /* ---- idem_forget ---- */
@@ -821,7 +891,7 @@ idem_record_state(const IdemRecord *rec, TimestampTz now)
 }
 
 /*
- * idem_forget(operation, key, role, force): delete one role's record of a
+ * idem_forget([tenant,] operation, key, role, force): delete one role's record of a
  * key on purpose -- a support team's way out of a stored response that is
  * wrong.  The next idem_begin of the key gets 'new', with a token greater
  * than the forgotten one, and a duplicate waiting on the key wakes to it.
@@ -830,21 +900,23 @@ idem_record_state(const IdemRecord *rec, TimestampTz now)
  * another transaction is writing cannot be forgotten until it commits.
  * Returns the state the record was in, or NULL when there was none.
  */
-Datum
-idem_forget(PG_FUNCTION_ARGS)
+static Datum
+forget_call(FunctionCallInfo fcinfo, bool tenant)
 {
 	IdemKey		key;
+	int			a;
 	IdemStore	store;
 	IdemRecord	rec;
 	const char *state = NULL;
 	bool		force;
 
-	idem_require_arg(fcinfo, 2, "role");
-	idem_require_arg(fcinfo, 3, "force");
-	idem_key_from_args(fcinfo, &key);
-	key.role = get_role_oid(NameStr(*PG_GETARG_NAME(2)), false);
+	a = tenant ? 3 : 2;			/* role, force: after the key */
+	idem_require_arg(fcinfo, a, "role");
+	idem_require_arg(fcinfo, a + 1, "force");
+	idem_key_from_args(fcinfo, &key, tenant);
+	key.role = get_role_oid(NameStr(*PG_GETARG_NAME(a)), false);
 	idem_key_hash(&key);
-	force = PG_GETARG_BOOL(3);
+	force = PG_GETARG_BOOL(a + 1);
 
 	PreventCommandIfReadOnly("idem_forget()");
 	idem_lock_key(&key);
@@ -888,3 +960,14 @@ idem_forget(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(state));
 }
 
+Datum
+idem_forget(PG_FUNCTION_ARGS)
+{
+	return forget_call(fcinfo, false);
+}
+
+Datum
+idem_forget_tenant(PG_FUNCTION_ARGS)
+{
+	return forget_call(fcinfo, true);
+}

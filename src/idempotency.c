@@ -11,6 +11,7 @@
 
 #include "fmgr.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 
 #include "args.h"
 #include "catalog.h"
@@ -25,6 +26,15 @@ PG_MODULE_MAGIC;
 
 void		_PG_init(void);
 
+/* Forget what the parts cached of relid (InvalidOid: of every relation) */
+static void
+forget_relation(Datum arg, Oid relid)
+{
+	idem_catalog_forget(relid);	/* the extension's objects */
+	idem_shape_forget(relid);	/* the tables' shapes */
+	idem_citus_forget(relid);	/* the Citus layout */
+}
+
 void
 _PG_init(void)
 {
@@ -32,9 +42,14 @@ _PG_init(void)
 	idem_purge_init();			/* purge_*, databases; the workers */
 	idem_publication_init();	/* publish_records */
 	idem_counters_init();		/* shared memory, when preloaded */
-	idem_catalog_init();		/* forget cached OIDs on invalidation */
-	idem_shape_init();			/* forget cached shapes on invalidation */
-	idem_citus_init();			/* forget the Citus layout on invalidation */
+	idem_shape_init();			/* the cache of the tables' shapes */
+
+	/*
+	 * One relcache callback for every cache of the parts: a backend has
+	 * room for ten (MAX_RELCACHE_CALLBACKS), which Citus and a logical
+	 * decoding plugin share with us in a walsender.
+	 */
+	CacheRegisterRelcacheCallback(forget_relation, (Datum) 0);
 
 	MarkGUCPrefixReserved("idempotency");
 }

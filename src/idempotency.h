@@ -75,13 +75,20 @@ typedef enum IdemTakeover
 	IDEM_TAKEOVER_SESSION		/* ... or when the session that made it ends */
 } IdemTakeover;
 
-/* Identifies one record: the calling role's key for one operation */
+/*
+ * Identifies one record: the calling role's key for one operation, and,
+ * where the records are colocated with a tenant's table on Citus
+ * (docs/scaling-out.md), the tenant's value too.
+ */
 typedef struct IdemKey
 {
 	Oid			role;
 	text	   *operation;
 	text	   *key;
-	uint64		hash;			/* of all three; names the key's locks */
+	bool		has_tenant;		/* a call of an idem_* function's tenant form */
+	Oid			tenant_type;	/* ... with a tenant of this type */
+	Datum		tenant;
+	uint64		hash;			/* of all of them; names the key's locks */
 } IdemKey;
 
 #endif							/* IDEMPOTENCY_H */

@@ -182,7 +182,8 @@ bool
 idem_store_fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord *rec)
 {
 	SnapshotData dirty;
-	ScanKeyData skey[3];
+	ScanKeyData skey[4];
+	int			nkeys = 3;
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	bool		found = false;
@@ -199,11 +200,20 @@ idem_store_fetch_in(IdemStore *store, int table, const IdemKey *key, IdemRecord 
 	ScanKeyEntryInitialize(&skey[2], 0, 3, BTEqualStrategyNumber, InvalidOid,
 						   C_COLLATION_OID, F_TEXTEQ,
 						   PointerGetDatum(key->key));
+	if (key->has_tenant)
+	{
+		const IdemShape *shape = &store->shape[table];
+
+		Assert(shape->tenant != InvalidAttrNumber);
+		ScanKeyEntryInitialize(&skey[nkeys++], 0, 4, BTEqualStrategyNumber,
+							   InvalidOid, shape->tenant_collation,
+							   shape->tenant_eq, key->tenant);
+	}
 
 	slot = table_slot_create(store->heap[table], NULL);
 	scan = idem_index_beginscan(store->heap[table], store->index[table],
-								&dirty, 3, 0);
-	index_rescan(scan, skey, 3, NULL, 0);
+								&dirty, nkeys, 0);
+	index_rescan(scan, skey, nkeys, NULL, 0);
 
 	/*
 	 * At most one version of a key is live at a time, in either table (all
@@ -320,9 +330,22 @@ slot_matches_key(IdemStore *store, int t, TupleTableSlot *slot,
 
 	Datum		role = idem_store_column(store, t, slot, IDEM_COL_ROLE_ID, &isnull);
 
-	return !isnull && idem_store_role_equal(store, t, role, key->role) &&
-		text_equal(idem_store_required_column(store, t, slot, IDEM_COL_OPERATION), key->operation) &&
-		text_equal(idem_store_required_column(store, t, slot, IDEM_COL_KEY), key->key);
+	if (isnull || !idem_store_role_equal(store, t, role, key->role) ||
+		!text_equal(idem_store_required_column(store, t, slot, IDEM_COL_OPERATION), key->operation) ||
+		!text_equal(idem_store_required_column(store, t, slot, IDEM_COL_KEY), key->key))
+		return false;
+	if (key->has_tenant)
+	{
+		const IdemShape *shape = &store->shape[t];
+		Datum		tenant = slot_getattr(slot, shape->tenant, &isnull);
+		int16		typlen;
+		bool		typbyval;
+
+		/* the same datum: equal (an equal one in another form falls back to the index) */
+		get_typlenbyval(shape->tenant_type, &typlen, &typbyval);
+		return !isnull && datumIsEqual(tenant, key->tenant, typbyval, typlen);
+	}
+	return true;
 }
 
 /*

@@ -11,6 +11,7 @@
 
 #include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/stratnum.h"
 #include "access/table.h"
 #include "access/xact.h"
 #include "access/xlog.h"
@@ -61,8 +62,9 @@ typedef struct ShapeEntry
 
 static HTAB *shapes = NULL;
 
-static void
-forget_shapes(Datum arg, Oid relid)
+/* A relcache invalidation of relid (InvalidOid: of all): idempotency.c */
+void
+idem_shape_forget(Oid relid)
 {
 	HASH_SEQ_STATUS seq;
 	ShapeEntry *entry;
@@ -88,7 +90,6 @@ idem_shape_init(void)
 	ctl.entrysize = sizeof(ShapeEntry);
 	shapes = hash_create("idempotency table shapes", 16, &ctl,
 						 HASH_ELEM | HASH_BLOBS);
-	CacheRegisterRelcacheCallback(forget_shapes, (Datum) 0);
 }
 
 /*
@@ -169,6 +170,17 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 			shape->exact = false;
 			continue;
 		}
+		/* the tenant of colocated records: the last column of the key */
+		if (strcmp(NameStr(att->attname), "tenant") == 0 &&
+			IndexRelationGetNumberOfKeyAttributes(pkey) == 4 &&
+			pkey->rd_index->indkey.values[3] == att->attnum)
+		{
+			shape->tenant = att->attnum;
+			shape->tenant_type = att->atttypid;
+			shape->tenant_collation = att->attcollation;
+			shape->exact = false;
+			continue;
+		}
 		for (c = 0; c < IDEM_NUM_COLUMNS; c++)
 			if (strcmp(NameStr(att->attname), columns[c].name) == 0)
 				break;
@@ -212,7 +224,7 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 
 	/* the primary key fetch_in descends */
 	if (pkey->rd_rel->relam != BTREE_AM_OID ||
-		IndexRelationGetNumberOfKeyAttributes(pkey) != 3 ||
+		IndexRelationGetNumberOfKeyAttributes(pkey) != (shape->tenant ? 4 : 3) ||
 		pkey->rd_index->indkey.values[0] != shape->attnum[IDEM_COL_ROLE_ID] ||
 		pkey->rd_index->indkey.values[1] != shape->attnum[IDEM_COL_OPERATION] ||
 		pkey->rd_index->indkey.values[2] != shape->attnum[IDEM_COL_KEY] ||
@@ -220,6 +232,16 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 		pkey->rd_indcollation[2] != C_COLLATION_OID)
 		shape_error(heap, psprintf("Its primary key \"%s\" is not a btree on (role_id, operation, key) with collation \"C\".",
 								   RelationGetRelationName(pkey)));
+	if (shape->tenant != InvalidAttrNumber)
+	{
+		Oid			eq = get_opfamily_member(pkey->rd_opfamily[3], shape->tenant_type,
+											 shape->tenant_type, BTEqualStrategyNumber);
+
+		if (!OidIsValid(eq) || pkey->rd_indcollation[3] != shape->tenant_collation)
+			shape_error(heap, psprintf("Its primary key \"%s\" does not compare column \"tenant\" as the column's type and collation do.",
+									   RelationGetRelationName(pkey)));
+		shape->tenant_eq = get_opcode(eq);
+	}
 	shape->pkey = RelationGetRelid(pkey);
 }
 

@@ -26,6 +26,7 @@
 #include "store.h"
 
 PG_FUNCTION_INFO_V1(idem_inspect);
+PG_FUNCTION_INFO_V1(idem_inspect_tenant);
 PG_FUNCTION_INFO_V1(idem_stats_records);
 
 /*
@@ -165,8 +166,8 @@ idem_stats_records(PG_FUNCTION_ARGS)
 
 /* ---- idem_inspect: one key of the calling role ---- */
 
-Datum
-idem_inspect(PG_FUNCTION_ARGS)
+static Datum
+inspect_call(FunctionCallInfo fcinfo, bool tenant)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	IdemKey		key;
@@ -174,7 +175,7 @@ idem_inspect(PG_FUNCTION_ARGS)
 	IdemRecord	rec;
 	bool		found;
 
-	idem_key_from_args(fcinfo, &key);
+	idem_key_from_args(fcinfo, &key, tenant);
 	InitMaterializedSRF(fcinfo, 0);
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, AccessShareLock, &key);
@@ -216,4 +217,17 @@ idem_inspect(PG_FUNCTION_ARGS)
 	}
 
 	return (Datum) 0;
+}
+
+Datum
+idem_inspect(PG_FUNCTION_ARGS)
+{
+	return inspect_call(fcinfo, false);
+}
+
+/* idem_inspect(tenant, operation, key): idem_distribute(colocate_with) makes it */
+Datum
+idem_inspect_tenant(PG_FUNCTION_ARGS)
+{
+	return inspect_call(fcinfo, true);
 }

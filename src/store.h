@@ -59,6 +59,15 @@ typedef struct IdemShape
 	bool		has_1_4;		/* the last four columns are there */
 	bool		role_by_name;	/* role_id is a name, not the role's OID */
 	Oid			pkey;			/* primary key on (role_id, operation, key) */
+
+	/*
+	 * Records colocated with a tenant's table (docs/scaling-out.md): their
+	 * "tenant" column, the last of the primary key, of the tenant's type
+	 */
+	AttrNumber	tenant;			/* InvalidAttrNumber: none */
+	Oid			tenant_type;
+	Oid			tenant_collation;
+	RegProcedure tenant_eq;		/* the primary key's equality of the type */
 } IdemShape;
 
 /* The tables and their primary key indexes, open for one call */
@@ -120,6 +129,7 @@ typedef enum IdemDurability
 extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
 							const IdemKey *key);
 extern void idem_store_reopen(IdemStore *store);
+extern void idem_store_check_tenant(const IdemKey *key, Oid tenant_type);
 extern List *idem_store_parts(Oid fn_oid, bool refuse_worker);
 extern void idem_store_open_part(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
 								 const IdemObjects *part);

@@ -255,6 +255,7 @@ fill_other_columns(RecordWrite *w, TupleTableSlot *oldslot)
 
 	for (int c = 0; c < IDEM_NUM_COLUMNS; c++)
 		ours[shape->attnum[c]] = true;
+	ours[shape->tenant] = true;
 	if (oldslot != NULL)
 		slot_getallattrs(oldslot);
 
@@ -331,6 +332,13 @@ fill_slot(RecordWrite *w, const IdemKey *key, const IdemRecord *rec,
 			continue;
 		slot->tts_values[att - 1] = v[c];
 		slot->tts_isnull[att - 1] = n[c];
+	}
+	if (shape->tenant != InvalidAttrNumber)
+	{
+		/* the store's check_tenant saw that the key names it */
+		Assert(key->has_tenant);
+		slot->tts_values[shape->tenant - 1] = key->tenant;
+		slot->tts_isnull[shape->tenant - 1] = false;
 	}
 	if (!shape->exact)
 		fill_other_columns(w, oldslot);
@@ -586,6 +594,7 @@ idem_store_move_batch(IdemStore *store, int from, bool all, int64 max_rows)
 
 		CHECK_FOR_INTERRUPTS();
 		seen++;
+		memset(&key, 0, sizeof(key));	/* no tenant: its records have role names */
 		key.role = DatumGetObjectId(idem_store_column(store, from, slot, IDEM_COL_ROLE_ID, &isnull));
 		key.operation = DatumGetTextPCopy(idem_store_required_column(store, from, slot, IDEM_COL_OPERATION));
 		key.key = DatumGetTextPCopy(idem_store_required_column(store, from, slot, IDEM_COL_KEY));
