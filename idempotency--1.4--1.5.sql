@@ -177,7 +177,21 @@ AS $$
 	 WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'
 $$;
 
-/* The tenant forms of the functions that take a key, for tenants of type t */
+/* The tenant forms of the functions that take a key, with a tenant of type t */
+CREATE FUNCTION @extschema@.idem_tenant_functions(t pg_catalog.regtype)
+RETURNS SETOF pg_catalog.regprocedure
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+	SELECT p.oid::pg_catalog.regprocedure FROM pg_catalog.pg_proc p
+	 WHERE p.pronamespace OPERATOR(pg_catalog.=) idem_extension_schema()::pg_catalog.regnamespace
+	   AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['idem_begin', 'idem_finish', 'idem_abort',
+			'idem_renew', 'idem_checkpoint', 'idem_inspect', 'idem_forget'])
+	   AND p.proargtypes[0] OPERATOR(pg_catalog.=) t
+	   AND p.proargnames[1] OPERATOR(pg_catalog.=) 'tenant'
+$$;
+
+/* ... created, members of the extension */
 CREATE FUNCTION @extschema@.idem_create_tenant_functions(t pg_catalog.regtype)
 RETURNS pg_catalog.void
 LANGUAGE plpgsql
@@ -230,15 +244,10 @@ BEGIN
 	END LOOP;
 	-- members of the extension, as the functions they are forms of
 	FOR fn IN
-		SELECT p.oid FROM pg_proc p
-		 WHERE p.pronamespace OPERATOR(pg_catalog.=) schema::regnamespace
-		   AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['idem_begin', 'idem_finish',
-				'idem_abort', 'idem_renew', 'idem_checkpoint', 'idem_inspect', 'idem_forget'])
-		   AND p.proargtypes[0] OPERATOR(pg_catalog.=) t
-		   AND p.proargnames[1] OPERATOR(pg_catalog.=) 'tenant'
-		   AND NOT EXISTS (SELECT FROM pg_depend d
+		SELECT f FROM idem_tenant_functions(t) f
+		 WHERE NOT EXISTS (SELECT FROM pg_depend d
 							WHERE d.classid OPERATOR(pg_catalog.=) 'pg_proc'::regclass
-							  AND d.objid OPERATOR(pg_catalog.=) p.oid
+							  AND d.objid OPERATOR(pg_catalog.=) f::oid
 							  AND d.deptype OPERATOR(pg_catalog.=) 'e')
 	LOOP
 		EXECUTE format('ALTER EXTENSION idempotency ADD FUNCTION %s', fn);
@@ -444,12 +453,7 @@ BEGIN
 												force_delegation => true);
 		END LOOP;
 	ELSE
-		FOR fn IN SELECT p.oid FROM pg_proc p
-					WHERE p.pronamespace OPERATOR(pg_catalog.=) idem_extension_schema()::regnamespace
-					  AND p.proargtypes[0] OPERATOR(pg_catalog.=) tenant
-					  AND p.proargnames[1] OPERATOR(pg_catalog.=) 'tenant'
-					  AND p.proname OPERATOR(pg_catalog.~~) 'idem\_%'
-		LOOP
+		FOR fn IN SELECT idem_tenant_functions(tenant) LOOP
 			PERFORM create_distributed_function(fn, '$1', colocate_with => 'idem_record',
 												force_delegation => true);
 		END LOOP;
@@ -462,3 +466,4 @@ REVOKE ALL ON FUNCTION @extschema@.idem_distribute(pg_catalog.regclass) FROM PUB
 REVOKE ALL ON FUNCTION @extschema@.idem_distribute_node(pg_catalog.regtype) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_distribute_workers(pg_catalog.regtype) FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.idem_create_tenant_functions(pg_catalog.regtype) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.idem_tenant_functions(pg_catalog.regtype) FROM PUBLIC;
