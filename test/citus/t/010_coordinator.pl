@@ -17,6 +17,13 @@
 #    added and the shards rebalanced onto it: each time the charge happens
 #    once, counted per key, and every finished key replays.
 #
+# Where the coordinator's Citus cannot be asked to commit in two phases
+# (its builds for PostgreSQL 16 and later: citus_can_2pc in CitusCluster.pm)
+# the in-transaction shape is refused (0A000) and writes nothing: each
+# attempt above asserts that instead, the kills at commit are skipped (there
+# is no such commit), and the keys whose later checks need them charged are
+# charged by calls of their own, which are served.
+#
 # Citus comes from test/citus/install (test/run citus, or the citus suite
 # of test/run check).
 
@@ -35,6 +42,8 @@ use Test::More;
 my @nodes = citus_cluster();
 my ($coord, $w1, $w2) = @nodes;
 my %worker = (worker1 => $w1, worker2 => $w2);
+# the coordinator can make Citus commit a worker in two phases (see the top)
+my $two_phase = citus_can_2pc($coord);
 
 $coord->safe_psql('postgres', q{
 	CREATE EXTENSION idempotency;
@@ -110,6 +119,59 @@ sub charge
 	return ($st, $lines[-1] // '', $err);
 }
 
+# The same calls, each a transaction of its own (the external-call shape):
+# (sqlstate, status)
+sub charge_autocommit
+{
+	my ($key, $m) = @_;
+	my ($st, $out) = try_sql($coord, 'postgres', qq{
+SELECT status, token, status = 'new' AS is_new
+  FROM idem_begin('charge', '$key', idem_fingerprint('$m')) \\gset
+\\if :is_new
+INSERT INTO charges VALUES ($m, '$key', 100);
+SELECT idem_finish('charge', '$key', :'token', '{"charged": true}');
+\\endif
+SELECT :'status';
+});
+	my @lines = split /\n/, $out;
+	return ($st, $lines[-1] // '');
+}
+
+# "charges|records" of $key, through the coordinator
+sub written
+{
+	my ($key) = @_;
+	return charges($key) . '|'
+	  . $coord->safe_psql('postgres', qq{SELECT count(*) FROM idem_inspect('charge', '$key')});
+}
+
+# Without two phases: the in-transaction shape of a new $key is refused,
+# and writes neither a charge nor a record
+sub refused
+{
+	my ($key, $m) = @_;
+	my ($st, undef, $err) = charge($key, $m);
+	is_tx_refusal($st, $err, "$key: the in-transaction shape is refused on this Citus");
+	is(written($key), '0|0', "$key: and writes nothing");
+}
+
+# A new $key charged through the coordinator: the in-transaction shape, or
+# without two phases its refusal, then the calls each on its own
+sub charge_new
+{
+	my ($key, $m, $what) = @_;
+	my ($st, $status);
+	if ($two_phase)
+	{
+		($st, $status) = charge($key, $m);
+		is("$st|$status", '00000|new', "$key: $what");
+		return;
+	}
+	refused($key, $m);
+	($st, $status) = charge_autocommit($key, $m);
+	is("$st|$status", '00000|new', "$key: $what, by calls of their own");
+}
+
 # "status|response" of a claim of $key through the coordinator
 sub replay
 {
@@ -138,9 +200,19 @@ for my $name (sort keys %worker)
 
 # ---- the in-transaction shape commits its worker in two phases ----
 
-my ($st, $status, $err) = charge('plain-1', $merchant{worker1}, prefix => "SET citus.log_remote_commands = on;\n");
-is("$st|$status", '00000|new', 'plain-1: a new key is charged');
-like($err, qr/issuing PREPARE TRANSACTION/, 'plain-1: Citus prepared the worker before the local commit');
+my ($st, $status, $err);
+if ($two_phase)
+{
+	($st, $status, $err) = charge('plain-1', $merchant{worker1}, prefix => "SET citus.log_remote_commands = on;\n");
+	is("$st|$status", '00000|new', 'plain-1: a new key is charged');
+	like($err, qr/issuing PREPARE TRANSACTION/, 'plain-1: Citus prepared the worker before the local commit');
+}
+else
+{
+	refused('plain-1', $merchant{worker1});
+	($st, $status) = charge_autocommit('plain-1', $merchant{worker1});
+	is("$st|$status", '00000|new', 'plain-1: a new key is charged by calls of their own');
+}
 ($st, undef, $err) = try_sql($coord, 'postgres', qq{
 	SET citus.log_remote_commands = on;
 	BEGIN;
@@ -216,68 +288,90 @@ sub start_charge
 	return $s;
 }
 
-my $s = start_charge('slow-1', $merchant{worker1});
-wait_event($w1, 'PgSleep', 1);
-$coord->stop('immediate');
-$s->{run}->kill_kill;
-wait_commits_done($w1);
-is(prepared($w1), '1', 'slow-1: the worker is left with the prepared transaction, not a commit');
-restart_and_recover();
-is(prepared($w1), '0',
-	'slow-1: recovery rolled it back (the coordinator never committed)');
-is(charges('slow-1'), '0', 'slow-1: no charge without the claim');
-($st, $status) = charge('slow-1', $merchant{worker1});
-is("$st|$status", '00000|new', 'slow-1: the retry is new');
-is(charges('slow-1'), '1', 'slow-1: charged once');
-is(replay('slow-1', $merchant{worker1}), 'replay|{"charged": true}', 'slow-1: then it replays');
+my $no_commit = 'the in-transaction shape is refused on this Citus: no commit to kill';
+my $s;
+refused('slow-1', $merchant{worker1}) unless $two_phase;
+SKIP:
+{
+	skip $no_commit, 6 unless $two_phase;
+	$s = start_charge('slow-1', $merchant{worker1});
+	wait_event($w1, 'PgSleep', 1);
+	$coord->stop('immediate');
+	$s->{run}->kill_kill;
+	wait_commits_done($w1);
+	is(prepared($w1), '1', 'slow-1: the worker is left with the prepared transaction, not a commit');
+	restart_and_recover();
+	is(prepared($w1), '0',
+		'slow-1: recovery rolled it back (the coordinator never committed)');
+	is(charges('slow-1'), '0', 'slow-1: no charge without the claim');
+	($st, $status) = charge('slow-1', $merchant{worker1});
+	is("$st|$status", '00000|new', 'slow-1: the retry is new');
+	is(charges('slow-1'), '1', 'slow-1: charged once');
+	is(replay('slow-1', $merchant{worker1}), 'replay|{"charged": true}', 'slow-1: then it replays');
+}
 
 # ---- the coordinator dies after its commit record, before COMMIT PREPARED ----
 
-# a restart, not a reload: the checkpointer has then taken the setting
-$coord->append_conf('postgresql.conf', q{synchronous_standby_names = 'nobody'});
-$coord->restart;
-$s = start_charge('sync-1', $merchant{worker2});
-wait_event($coord, 'SyncRep', 1);
-$coord->adjust_conf('postgresql.conf', 'synchronous_standby_names', "''");
-$coord->stop('immediate');
-$s->{run}->kill_kill;
-is(prepared($w2), '1', 'sync-1: the worker holds the prepared transaction');
-restart_and_recover();
-is(prepared($w2), '0',
-	'sync-1: recovery committed it (the coordinator had committed)');
-is(charges('sync-1'), '1', 'sync-1: charged once');
-is(replay('sync-1', $merchant{worker2}), 'replay|{"charged": true}', 'sync-1: the result survived the crash');
+refused('sync-1', $merchant{worker2}) unless $two_phase;
+SKIP:
+{
+	skip $no_commit, 4 unless $two_phase;
+	# a restart, not a reload: the checkpointer has then taken the setting
+	$coord->append_conf('postgresql.conf', q{synchronous_standby_names = 'nobody'});
+	$coord->restart;
+	$s = start_charge('sync-1', $merchant{worker2});
+	wait_event($coord, 'SyncRep', 1);
+	$coord->adjust_conf('postgresql.conf', 'synchronous_standby_names', "''");
+	$coord->stop('immediate');
+	$s->{run}->kill_kill;
+	is(prepared($w2), '1', 'sync-1: the worker holds the prepared transaction');
+	restart_and_recover();
+	is(prepared($w2), '0',
+		'sync-1: recovery committed it (the coordinator had committed)');
+	is(charges('sync-1'), '1', 'sync-1: charged once');
+	is(replay('sync-1', $merchant{worker2}), 'replay|{"charged": true}', 'sync-1: the result survived the crash');
+}
 
 # ---- a worker dies at its commit ----
 
-$s = start_charge('slow-2', $merchant{worker1});
-wait_event($w1, 'PgSleep', 1);
-$w1->stop('immediate');
-(undef, undef, $err) = wait_sql($s);
-like($err, qr/ERROR: /, "slow-2: the coordinator's commit fails");
-$s->quit;
-$w1->start;
-is($coord->safe_psql('postgres', q{SELECT count(*) FROM idem_inspect('charge', 'slow-2')}), '0',
-	'slow-2: no record');
-is(charges('slow-2'), '0', 'slow-2: no charge');
-($st, $status) = charge('slow-2', $merchant{worker1});
-is("$st|$status", '00000|new', 'slow-2: the retry is new');
-is(charges('slow-2'), '1', 'slow-2: charged once');
+refused('slow-2', $merchant{worker1}) unless $two_phase;
+SKIP:
+{
+	skip $no_commit, 5 unless $two_phase;
+	$s = start_charge('slow-2', $merchant{worker1});
+	wait_event($w1, 'PgSleep', 1);
+	$w1->stop('immediate');
+	(undef, undef, $err) = wait_sql($s);
+	like($err, qr/ERROR: /, "slow-2: the coordinator's commit fails");
+	$s->quit;
+	$w1->start;
+	is($coord->safe_psql('postgres', q{SELECT count(*) FROM idem_inspect('charge', 'slow-2')}), '0',
+		'slow-2: no record');
+	is(charges('slow-2'), '0', 'slow-2: no charge');
+	($st, $status) = charge('slow-2', $merchant{worker1});
+	is("$st|$status", '00000|new', 'slow-2: the retry is new');
+	is(charges('slow-2'), '1', 'slow-2: charged once');
+}
 
 # ---- a worker is down ----
 
-($st, $status) = charge('down-done', $merchant{worker2});
-is("$st|$status", '00000|new', 'down-done: charged before the worker stops');
+charge_new('down-done', $merchant{worker2}, 'charged before the worker stops');
 $w2->stop;
 is(replay('down-done', $merchant{worker2}), 'replay|{"charged": true}',
 	'down-done: a finished key replays while the worker holding its charge is down');
-($st) = charge('down-1', $merchant{worker2});
-isnt($st, '00000', "down-1: the in-transaction shape fails while its worker is down ($st)");
+($st, undef, $err) = charge('down-1', $merchant{worker2});
+if ($two_phase)
+{
+	isnt($st, '00000', "down-1: the in-transaction shape fails while its worker is down ($st)");
+}
+else
+{
+	is_tx_refusal($st, $err, 'down-1: the in-transaction shape is refused on this Citus, its worker down');
+}
 is($coord->safe_psql('postgres', q{SELECT count(*) FROM idem_inspect('charge', 'down-1')}), '0',
 	'down-1: and leaves no record');
 $w2->start;
-($st, $status) = charge('down-1', $merchant{worker2});
-is("$st|$status", '00000|new', 'down-1: the retry after the worker is back is new');
+charge_new('down-1', $merchant{worker2}, 'the retry after the worker is back is new');
 
 # ---- a worker added, the shards rebalanced onto it ----
 
@@ -292,12 +386,13 @@ $coord->safe_psql('postgres', q{SELECT citus_rebalance_start(); SELECT citus_reb
 cmp_ok($coord->safe_psql('postgres', sprintf(q{
 	SELECT count(*) FROM citus_shards WHERE table_name = 'charges'::regclass AND nodeport = %d}, $w3->port)),
 	'>', 0, 'the rebalance moved shards of charges onto worker3');
-($st, $status) = charge('after-rebalance', $merchant{worker1});
-is("$st|$status", '00000|new', 'after-rebalance: a new key is charged');
+charge_new('after-rebalance', $merchant{worker1}, 'a new key is charged');
 
 # ---- every key: charged once, replayed from the coordinator ----
 
-my @keys = qw(plain-1 slow-1 sync-1 slow-2 down-done down-1 after-rebalance);
+# without two phases the keys of the kills at commit were refused, never charged
+my @keys = $two_phase ? qw(plain-1 slow-1 sync-1 slow-2 down-done down-1 after-rebalance)
+  : qw(plain-1 down-done down-1 after-rebalance);
 my %m = ('plain-1' => 'worker1', 'slow-1' => 'worker1', 'sync-1' => 'worker2',
 	'slow-2' => 'worker1', 'down-done' => 'worker2', 'down-1' => 'worker2',
 	'after-rebalance' => 'worker1');
@@ -308,6 +403,10 @@ is($coord->safe_psql('postgres', q{
 for my $key (@keys)
 {
 	is(replay($key, $merchant{ $m{$key} }), 'replay|{"charged": true}', "$key replays");
+}
+if (!$two_phase)
+{
+	is(written($_), '0|0', "$_: refused, neither charged nor claimed") for qw(slow-1 sync-1 slow-2);
 }
 for my $w ($w1, $w2, $w3)
 {

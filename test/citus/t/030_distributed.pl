@@ -19,6 +19,16 @@
 #    worker added and rebalanced onto; then every key is charged at most
 #    once, exactly once when finished, and replays from every node;
 #  - idem_purge on each node purges that node's shards.
+#
+# Where Citus cannot be asked to commit in two phases (its builds for
+# PostgreSQL 16 and later: citus_can_2pc in CitusCluster.pm), the
+# in-transaction shape through a worker that holds the key's record shard
+# runs there in the client's own backend, and is refused (0A000), writing
+# nothing: that is asserted instead, and the shape is then run through a
+# node that Citus delegates the calls from (the coordinator, or the other
+# worker), for the checks that follow.  The load then goes through the
+# coordinator alone: which keys a worker would refuse changes as the shards
+# move, and a pgbench client stops at its first error.
 
 use strict;
 use warnings;
@@ -81,6 +91,16 @@ sub record_port
 	return $coord->safe_psql('postgres', qq{
 		SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
 		 WHERE p.shardid = get_shard_id_for_distribution_column('idem_record', '$key')});
+}
+
+# Is the in-transaction shape of $key through $n refused (see the top)?  A
+# node that does not hold the key's record shard (the coordinator holds
+# none) has Citus delegate the calls, over a connection of Citus's own whose
+# transaction is part of the calling node's; the node that holds it does not.
+sub tx_refused_on
+{
+	my ($n, $key) = @_;
+	return !citus_can_2pc($n) && $n->port == record_port($key);
 }
 
 my %ports = map { (split /\|/)[1] => 1 } record_placements();
@@ -172,48 +192,75 @@ sub charges
 	return $coord->safe_psql('postgres', qq{SELECT count(*) FROM charges WHERE key = '$key'});
 }
 
+# "charges|records" of $key, the records as state:token, through the coordinator
+sub written
+{
+	my ($key) = @_;
+	return charges($key) . '|' . $coord->safe_psql('postgres', qq{
+		SELECT coalesce(string_agg(state || ':' || token, ','), '') FROM idem_inspect('charge', '$key')});
+}
+
+# The in-transaction shape of $key through $n, which refuses it
+# (tx_refused_on): the refusal, and that it changed neither the charges nor
+# the record of the key
+sub refused
+{
+	my ($n, $key, $m, $end) = @_;
+	my $before = written($key);
+	my ($rst, undef, $rerr) = try_sql($n, 'postgres', charge_script($key, $m, $end));
+	is_tx_refusal($rst, $rerr, "$key: " . ($end // 'COMMIT') . ' through ' . $n->name
+		  . ', which holds the record, is refused on this Citus');
+	is(written($key), $before, "$key: and changes nothing");
+}
+
+# $n if it serves the in-transaction shape of $key, else (after asserting
+# its refusal) $instead
+sub tx_node
+{
+	my ($n, $key, $m, $instead) = @_;
+	return $n unless tx_refused_on($n, $key);
+	refused($n, $key, $m);
+	return $instead;
+}
+
+my %refused_by;
 for my $n ($coord, $w1)
 {
 	for my $m (1 .. 4)
 	{
 		my $key = $n->name . "-tx-$m";
-		($st, $out) = try_sql($n, 'postgres', charge_script($key, $m, 'ROLLBACK'));
-		is($st, '00000', "$key: rolled back");
+		my $by = $n;
+		if (tx_refused_on($n, $key))
+		{
+			refused($n, $key, $m, 'ROLLBACK');
+			refused($n, $key, $m);
+			$refused_by{ $n->name }++;
+			$by = $coord;
+		}
+		my $via = $by->name eq $n->name ? '' : ' through ' . $by->name;
+		($st, $out) = try_sql($by, 'postgres', charge_script($key, $m, 'ROLLBACK'));
+		is($st, '00000', "$key: rolled back$via");
 		is(charges($key) . '|' . $w2->safe_psql('postgres', qq{SELECT count(*) FROM idem_inspect('charge', '$key')}),
 			'0|0', "$key: neither the charge nor the claim is left");
-		($st, $out) = try_sql($n, 'postgres', charge_script($key, $m));
-		is((split /\n/, $out)[-1], 'new', "$key: charged");
-		($st, $out) = try_sql($w2, 'postgres', charge_script($key, $m));
+		($st, $out) = try_sql($by, 'postgres', charge_script($key, $m));
+		is((split /\n/, $out)[-1], 'new', "$key: charged$via");
+		my $retry = tx_node($w2, $key, $m, $w1);
+		($st, $out) = try_sql($retry, 'postgres', charge_script($key, $m));
 		is((split /\n/, $out)[-1], 'replay', "$key: the retry through another node replays");
 		is(charges($key), '1', "$key: charged once");
 	}
+}
+# the keys above cover both kinds of call through a worker
+if (!citus_can_2pc($w1))
+{
+	cmp_ok($refused_by{ $w1->name } // 0, '>', 0, $w1->name . ' refused a key whose record it holds');
+	cmp_ok($refused_by{ $w1->name } // 0, '<', 4, $w1->name . ' served a key whose record is elsewhere');
 }
 
 # the coordinator killed at its commit: a deferred trigger on the charges
 # shards holds up each worker's PREPARE (or its COMMIT, when the record is
 # on the same worker) for keys "slow-*"
-for my $w ($w1, $w2)
-{
-	$w->safe_psql('postgres', sprintf(q{
-		SET citus.enable_ddl_propagation = off;
-		SET citus.enable_manual_changes_to_shards = on;
-		CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.key LIKE 'slow-%%' THEN
-				PERFORM pg_sleep(4);
-			END IF;
-			RETURN NULL;
-		END $$;
-		DO $$
-		DECLARE s regclass;
-		BEGIN
-			FOR s IN SELECT shard_name FROM citus_shards
-					  WHERE table_name = 'charges'::regclass AND nodeport = %d LOOP
-				EXECUTE format('CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON %%s
-					DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()', s);
-			END LOOP;
-		END $$;}, $w->port));
-}
+hold_slow_commits($_) for ($w1, $w2);
 sub no_sleeper
 {
 	my ($present) = @_;
@@ -241,7 +288,7 @@ for my $m (1 .. 4)
 	$coord->safe_psql('postgres', 'SELECT recover_prepared_transactions()');
 	my $left = charges($key);
 	ok($left eq '0' || $left eq '1', "$key: the coordinator killed at commit left $left charge");
-	($st, $out) = try_sql($w1, 'postgres', charge_script($key, $m));
+	($st, $out) = try_sql(tx_node($w1, $key, $m, $w2), 'postgres', charge_script($key, $m));
 	is((split /\n/, $out)[-1], $left eq '1' ? 'replay' : 'new', "$key: the retry agrees with the charge");
 	is(charges($key), '1', "$key: charged once");
 }
@@ -278,16 +325,20 @@ SELECT idem_finish('load', 'load-:k', :token, '{"charged": true}');
 COMMIT;
 });
 
-# pgbench on every node; a client that hits an error stops, the others go on
+# pgbench on every node; a client that hits an error stops, the others go
+# on.  Where a worker would refuse some of the keys (see the top), through
+# the coordinator alone, with as many clients as on every node.
 sub run_load
 {
 	my ($seconds) = @_;
 	my @runs;
-	for my $n (@nodes)
+	my @on = grep { $_->name eq $coord->name || citus_can_2pc($_) } @nodes;
+	my $clients = 3 * @nodes / @on;
+	for my $n (@on)
 	{
 		my ($o, $e) = ('', '');
 		push @runs, IPC::Run::start(
-			[ $coord->config_data('--bindir') . '/pgbench', '-n', '-c', '3', '-T', $seconds, '-f', $script,
+			[ $coord->config_data('--bindir') . '/pgbench', '-n', '-c', $clients, '-T', $seconds, '-f', $script,
 			  '-h', $n->host, '-p', $n->port, 'postgres' ],
 			'>', \$o, '2>', \$e);
 	}

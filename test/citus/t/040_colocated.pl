@@ -18,6 +18,14 @@
 #  - the worker killed at its commit, and the coordinator killed while the
 #    worker commits: one charge or none, and the retry agrees;
 #  - the colocation group's shards moved: every key replays from every node.
+#
+# Where Citus cannot be asked to commit in two phases (its builds for
+# PostgreSQL 16 and later: citus_can_2pc in CitusCluster.pm), the
+# in-transaction shape through the worker that holds the tenant's shards
+# runs there in the client's own backend, and is refused (0A000), writing
+# nothing: that is asserted instead, and the shape is then run through a
+# node that Citus delegates the calls from (the coordinator, or the other
+# worker), for the checks that follow.
 
 use strict;
 use warnings;
@@ -93,6 +101,27 @@ is($coord->safe_psql('postgres', q{SELECT state FROM idem_inspect(1, 'charge', '
 
 # ---- the in-transaction shape: one worker's transaction ----
 
+# the worker of tenant $m
+sub worker_of
+{
+	my ($m) = @_;
+	my $port = $coord->safe_psql('postgres', qq{
+		SELECT n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n USING (groupid)
+		 WHERE s.logicalrelid = 'idem_record'::regclass AND s.shardid = get_shard_id_for_distribution_column('idem_record', $m)});
+	return $port == $w1->port ? $w1 : $w2;
+}
+
+# Is the in-transaction shape of tenant $m through $n refused (see the
+# top)?  A node that does not hold the tenant's shards (the coordinator
+# holds none) has Citus delegate the calls, over a connection of Citus's own
+# whose transaction is part of the calling node's; the node that holds them
+# does not.
+sub tx_refused_on
+{
+	my ($n, $m) = @_;
+	return !citus_can_2pc($n) && $n->port == worker_of($m)->port;
+}
+
 sub charge_script
 {
 	my ($key, $m, $end) = @_;
@@ -116,20 +145,72 @@ sub charges
 	return $coord->safe_psql('postgres', qq{SELECT count(*) FROM charges WHERE key = '$key'});
 }
 
+# "charges|records" of tenant $m's $key, the records as state:token,
+# through the coordinator
+sub written
+{
+	my ($key, $m) = @_;
+	return charges($key) . '|' . $coord->safe_psql('postgres', qq{
+		SELECT coalesce(string_agg(state || ':' || token, ','), '') FROM idem_inspect($m, 'charge', '$key')});
+}
+
+# The in-transaction shape of tenant $m's $key through $n, which refuses it
+# (tx_refused_on): the refusal, and that it changed neither the charges nor
+# the record of the key
+sub refused
+{
+	my ($n, $key, $m, $end) = @_;
+	my $before = written($key, $m);
+	my ($rst, undef, $rerr) = try_sql($n, 'postgres', charge_script($key, $m, $end));
+	is_tx_refusal($rst, $rerr, "$key: " . ($end // 'COMMIT') . ' through ' . $n->name
+		  . ", which holds tenant $m, is refused on this Citus");
+	is(written($key, $m), $before, "$key: and changes nothing");
+}
+
+# $n if it serves the in-transaction shape of tenant $m, else (after
+# asserting its refusal of $key) $instead
+sub tx_node
+{
+	my ($n, $key, $m, $instead) = @_;
+	return $n unless tx_refused_on($n, $m);
+	refused($n, $key, $m);
+	return $instead;
+}
+
+my %refused_by;
 for my $n (@nodes)
 {
 	for my $m (1 .. 3)
 	{
 		my $key = $n->name . "-tx-$m";
-		($st, $out) = try_sql($n, 'postgres', charge_script($key, $m, 'ROLLBACK'));
+		my $by = $n;
+		if (tx_refused_on($n, $m))
+		{
+			refused($n, $key, $m, 'ROLLBACK');
+			refused($n, $key, $m);
+			$refused_by{ $n->name }++;
+			$by = $coord;
+		}
+		my $via = $by->name eq $n->name ? '' : ' through ' . $by->name;
+		($st, $out) = try_sql($by, 'postgres', charge_script($key, $m, 'ROLLBACK'));
 		is(charges($key) . '|' . $w2->safe_psql('postgres', qq{SELECT count(*) FROM idem_inspect($m, 'charge', '$key')}),
-			'0|0', "$key: rolled back, neither the charge nor the claim is left");
-		($st, $out, $err) = try_sql($n, 'postgres', charge_script($key, $m));
-		is((split /\n/, $out)[-1], 'new', "$key: charged");
+			'0|0', "$key: rolled back$via, neither the charge nor the claim is left");
+		($st, $out, $err) = try_sql($by, 'postgres', charge_script($key, $m));
+		is((split /\n/, $out)[-1], 'new', "$key: charged$via");
 		unlike($err, qr/PREPARE TRANSACTION/, "$key: in one phase, on one worker");
-		($st, $out) = try_sql($w2, 'postgres', charge_script($key, $m));
+		my $retry = tx_node($w2, $key, $m, $w1);
+		($st, $out) = try_sql($retry, 'postgres', charge_script($key, $m));
 		is((split /\n/, $out)[-1], 'replay', "$key: the retry through another node replays");
 		is(charges($key), '1', "$key: charged once");
+	}
+}
+# the tenants above cover both kinds of call through each worker
+if (!citus_can_2pc($w1))
+{
+	for my $w ($w1, $w2)
+	{
+		cmp_ok($refused_by{ $w->name } // 0, '>', 0, $w->name . ' refused a tenant whose shards it holds');
+		cmp_ok($refused_by{ $w->name } // 0, '<', 3, $w->name . ' served a tenant whose shards are elsewhere');
 	}
 }
 
@@ -163,38 +244,7 @@ for my $m (1 .. 3)
 
 # a deferred trigger on the charges shards holds up the worker's commit
 # for keys "slow-*"
-for my $w ($w1, $w2)
-{
-	$w->safe_psql('postgres', sprintf(q{
-		SET citus.enable_ddl_propagation = off;
-		SET citus.enable_manual_changes_to_shards = on;
-		CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.key LIKE 'slow-%%' THEN
-				PERFORM pg_sleep(4);
-			END IF;
-			RETURN NULL;
-		END $$;
-		DO $$
-		DECLARE s regclass;
-		BEGIN
-			FOR s IN SELECT shard_name FROM citus_shards
-					  WHERE table_name = 'charges'::regclass AND nodeport = %d LOOP
-				EXECUTE format('CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON %%s
-					DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()', s);
-			END LOOP;
-		END $$;}, $w->port));
-}
-
-# the worker of tenant $m
-sub worker_of
-{
-	my ($m) = @_;
-	my $port = $coord->safe_psql('postgres', qq{
-		SELECT n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n USING (groupid)
-		 WHERE s.logicalrelid = 'idem_record'::regclass AND s.shardid = get_shard_id_for_distribution_column('idem_record', $m)});
-	return $port == $w1->port ? $w1 : $w2;
-}
+hold_slow_commits($_) for ($w1, $w2);
 
 sub sleeping
 {
@@ -233,7 +283,7 @@ for my $victim (qw(worker coordinator))
 		my $claims = $w1->safe_psql('postgres', qq{SELECT count(*) FROM idem_inspect($m, 'charge', '$key')});
 		ok(($left eq '0' && $claims eq '0') || ($left eq '1' && $claims eq '1'),
 			"$key: the $victim killed at commit left $left charge and $claims record");
-		($st, $out) = try_sql($w1, 'postgres', charge_script($key, $m));
+		($st, $out) = try_sql(tx_node($w1, $key, $m, $w2), 'postgres', charge_script($key, $m));
 		is((split /\n/, $out)[-1], $left eq '1' ? 'replay' : 'new', "$key: the retry agrees with the charge");
 		is(charges($key), '1', "$key: charged once");
 	}
