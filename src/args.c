@@ -11,7 +11,9 @@
  *
  * Every check raises the SQLSTATE the README's table names: 22004 for a
  * NULL where a value is required, 22023 for an invalid value, 54000 for a
- * response too large.
+ * response too large; a tenant where the records have none, or none where
+ * they have one, is 0A000 (idem_key_check_tenant, which the store and the
+ * Citus route call once they know the records' tenant type).
  *
  *-------------------------------------------------------------------------
  */
@@ -135,6 +137,34 @@ idem_key_hash(IdemKey *key)
 												 UInt64GetDatum(h)));
 	}
 	key->hash = h;
+}
+
+/*
+ * A key names its tenant exactly where the records have one, of their
+ * tenant's type (InvalidOid: they have none): records colocated with a
+ * tenant's table are told apart by it, and a call without it could not
+ * find the right one.
+ */
+void
+idem_key_check_tenant(const IdemKey *key, Oid tenant_type)
+{
+	if (OidIsValid(tenant_type) && !key->has_tenant)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idempotency records are colocated with a tenant's table: the call must name the tenant"),
+				 errdetail("Records are told apart by tenant, operation and key."),
+				 errhint("Call the tenant form, with the tenant first: idem_begin(tenant, operation, key, ...).")));
+	if (!OidIsValid(tenant_type) && key->has_tenant)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("idempotency records have no tenant"),
+				 errdetail("They are not colocated with a tenant's table."),
+				 errhint("Call the idem_* functions without a tenant.")));
+	if (key->has_tenant && key->tenant_type != tenant_type)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("idempotency tenant of type %s given, the records' tenant is of type %s",
+						format_type_be(key->tenant_type), format_type_be(tenant_type))));
 }
 
 int64

@@ -16,6 +16,7 @@ extern void idem_check_settings(void);
 extern void idem_require_arg(FunctionCallInfo fcinfo, int argno, const char *name);
 extern int	idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key, bool tenant);
 extern void idem_key_hash(IdemKey *key);
+extern void idem_key_check_tenant(const IdemKey *key, Oid tenant_type);
 extern int64 idem_token_arg(FunctionCallInfo fcinfo, int argno);
 extern bytea *idem_fingerprint_arg(FunctionCallInfo fcinfo, int argno);
 extern IdemInFlightPolicy idem_policy_arg(FunctionCallInfo fcinfo, int argno);

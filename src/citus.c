@@ -5,7 +5,7 @@
  *	  what a transaction that writes it must tell Citus.
  *
  * Citus creates the extension on every node of a cluster, so every node
- * has record tables of its own.  Two layouts keep one record per key:
+ * has record tables of its own.  Three layouts keep one record per key:
  *
  * Records on the coordinator (the tables are not distributed: as
  * CREATE EXTENSION leaves them).  Every call that opens the records
@@ -31,6 +31,13 @@
  * Citus drops it.  Calls for the whole store (idem_purge, idem_stats) read
  * this node's shards: every node purges its own.
  *
+ * Records colocated with a tenant's table (after
+ * idem_distribute(colocate_with)).  As distributed records, but
+ * distributed by their column "tenant", in the colocation group of a table
+ * distributed by the tenant, and the functions' tenant forms are delegated
+ * by the tenant: the route hashes the tenant, by its type's hash function,
+ * and a record is on the node of its tenant's rows.
+ *
  * In both layouts a transaction that writes a record may also write
  * distributed tables through Citus, the in-transaction shape's effect.
  * With one other node written, Citus commits it in one phase, before the
@@ -40,7 +47,9 @@
  * again.  So a call that opens the records to write tells Citus, through
  * its Use2PCForCoordinatedTransaction() (a flag of the current
  * transaction, which Citus clears at its end; it does nothing in a
- * transaction that writes no other node).  A record written on a worker
+ * transaction that writes no other node; Citus's builds for PostgreSQL 16
+ * and later do not export it, and there such a write is refused in a
+ * transaction block: tell_citus_local_write).  A record written on a worker
  * for a delegated call is a write Citus itself made, and is committed
  * with the rest of the coordinated transaction, in two phases when it
  * wrote more than one node.
@@ -84,9 +93,9 @@
 #include "utils/syscache.h"
 #include "utils/typcache.h"
 
+#include "args.h"
 #include "catalog.h"
 #include "citus.h"
-#include "store.h"
 
 /* The coordinator's group: a node Citus has not added to a cluster has it too */
 #define CITUS_COORDINATOR_GROUP 0
@@ -333,6 +342,7 @@ typedef struct RouteCache
 	bool		by_tenant;		/* distributed by a tenant, not by key */
 	Oid			dist_type;		/* the distribution column's type */
 	Oid			dist_collation; /* ... and collation */
+	FmgrInfo   *dist_hash;		/* its type's hash function (the type cache's) */
 	int			nshards;
 	ShardRoute *shards;			/* by range, in CacheMemoryContext */
 } RouteCache;
@@ -396,6 +406,7 @@ build_route(const IdemObjects *objects)
 	ShardList	recs = {0};
 	ShardList	ress = {0};
 	Var		   *column = NULL;
+	TypeCacheEntry *type;
 
 	route.records = objects->records;
 	route.results = objects->results;
@@ -417,6 +428,12 @@ build_route(const IdemObjects *objects)
 	route.by_tenant = column->varattno != get_attnum(objects->records, "key");
 	route.dist_type = column->vartype;
 	route.dist_collation = column->varcollid;
+	type = lookup_type_cache(route.dist_type, TYPECACHE_HASH_PROC_FINFO);
+	if (!OidIsValid(type->hash_proc_finfo.fn_oid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("type %s has no hash function", format_type_be(route.dist_type))));
+	route.dist_hash = &type->hash_proc_finfo;
 
 	for_each_shard(objects->records, collect_shard, &recs);
 	if (OidIsValid(objects->results))
@@ -598,18 +615,11 @@ refuse_worker(int32 group)
 static int32
 route_hash(RouteCache *rc, const IdemKey *key)
 {
-	TypeCacheEntry *type;
 	Datum		value;
 
-	idem_store_check_tenant(key, rc->by_tenant ? rc->dist_type : InvalidOid);
+	idem_key_check_tenant(key, rc->by_tenant ? rc->dist_type : InvalidOid);
 	value = rc->by_tenant ? key->tenant : PointerGetDatum(key->key);
-
-	type = lookup_type_cache(rc->dist_type, TYPECACHE_HASH_PROC_FINFO);
-	if (!OidIsValid(type->hash_proc_finfo.fn_oid))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_FUNCTION),
-				 errmsg("type %s has no hash function", format_type_be(rc->dist_type))));
-	return DatumGetInt32(FunctionCall1Coll(&type->hash_proc_finfo, rc->dist_collation, value));
+	return DatumGetInt32(FunctionCall1Coll(rc->dist_hash, rc->dist_collation, value));
 }
 
 /*

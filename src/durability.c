@@ -497,7 +497,7 @@ idem_set_durability_online(PG_FUNCTION_ARGS)
 	if (!OidIsValid(idem_catalog_result_relid(fn_oid)))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("an online switch needs version 1.4 of the extension"),
+				 errmsg("an online switch needs table idem_result, which this schema of the extension lacks"),
 				 errhint("Update the extension: ALTER EXTENSION idempotency UPDATE.")));
 
 	want_result_logged = target != IDEM_DURABILITY_NONE;

@@ -21,8 +21,8 @@
  *	  restore.c      the triggers that settle a restored dump
  *	  publication.c  the guard against publications of the tables
  *	  purge.c        idem_purge(), and the background workers
- *	  citus.c        a Citus cluster: the records on its coordinator only,
- *	                 committed there with the workers in two phases
+ *	  citus.c        a Citus cluster: which node's table or shard holds a
+ *	                 key's record, and what Citus must be told of a write
  *	  sql.c          SPI statements on the extension's own tables
  *	  stats.c        idem_inspect, idem_stats: the records as a DBA sees them
  *	  counters.c     server-wide counters in shared memory

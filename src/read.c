@@ -338,12 +338,10 @@ slot_matches_key(IdemStore *store, int t, TupleTableSlot *slot,
 	{
 		const IdemShape *shape = &store->shape[t];
 		Datum		tenant = slot_getattr(slot, shape->tenant, &isnull);
-		int16		typlen;
-		bool		typbyval;
 
 		/* the same datum: equal (an equal one in another form falls back to the index) */
-		get_typlenbyval(shape->tenant_type, &typlen, &typbyval);
-		return !isnull && datumIsEqual(tenant, key->tenant, typbyval, typlen);
+		return !isnull && datumIsEqual(tenant, key->tenant, shape->tenant_byval,
+									   shape->tenant_typlen);
 	}
 	return true;
 }

@@ -178,6 +178,8 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 			shape->tenant = att->attnum;
 			shape->tenant_type = att->atttypid;
 			shape->tenant_collation = att->attcollation;
+			shape->tenant_typlen = att->attlen;
+			shape->tenant_byval = att->attbyval;
 			shape->exact = false;
 			continue;
 		}
@@ -217,7 +219,7 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 		if (shape->attnum[c] == InvalidAttrNumber)
 			shape_error(heap, psprintf("Column \"%s\" is missing.", columns[c].name));
 	if (new_columns != 0 && new_columns != IDEM_NUM_COLUMNS - IDEM_NUM_COLUMNS_1_0)
-		shape_error(heap, "Some of the columns of version 1.4 are missing.");
+		shape_error(heap, "Some of the columns holder, checkpoint, takeovers and forget_at are missing.");
 	shape->has_1_4 = (new_columns != 0);
 	if (ours != desc->natts)
 		shape->exact = false;

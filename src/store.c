@@ -41,6 +41,7 @@
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
+#include "args.h"
 #include "catalog.h"
 #include "citus.h"
 #include "idempotency.h"
@@ -130,34 +131,6 @@ open_objects(IdemStore *store, const IdemObjects *objects, Oid fn_oid,
 }
 
 /*
- * A key names its tenant exactly where the records have one, of their
- * tenant's type (InvalidOid: they have none): records colocated with a
- * tenant's table are told apart by it, and a call without it could not
- * find the right one.
- */
-void
-idem_store_check_tenant(const IdemKey *key, Oid tenant_type)
-{
-	if (OidIsValid(tenant_type) && !key->has_tenant)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("idempotency records are colocated with a tenant's table: the call must name the tenant"),
-				 errdetail("Records are told apart by tenant, operation and key."),
-				 errhint("Call the tenant form, with the tenant first: idem_begin(tenant, operation, key, ...).")));
-	if (!OidIsValid(tenant_type) && key->has_tenant)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("idempotency records have no tenant"),
-				 errdetail("They are not colocated with a tenant's table."),
-				 errhint("Call the idem_* functions without a tenant.")));
-	if (key->has_tenant && key->tenant_type != tenant_type)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("idempotency tenant of type %s given, the records' tenant is of type %s",
-						format_type_be(key->tenant_type), format_type_be(tenant_type))));
-}
-
-/*
  * Open the tables that hold key's record -- on a Citus node with
  * distributed records, this node's shards of them (citus.c) -- and their
  * primary keys: RowExclusiveLock to write, AccessShareLock to only read
@@ -195,7 +168,7 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode, const IdemKey *
 	open_objects(store, &objects, fn_oid, lockmode);
 	/* (a table hidden during recovery is unlogged: never colocated) */
 	if (key != NULL && store->heap[IDEM_RECORDS] != NULL)
-		idem_store_check_tenant(key, store->shape[IDEM_RECORDS].tenant_type);
+		idem_key_check_tenant(key, store->shape[IDEM_RECORDS].tenant_type);
 	/* the tables' own lock is the one to keep, or the shell's */
 	store->shell = store->distributed ? shell : InvalidOid;
 	if (citus && !store->distributed)

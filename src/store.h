@@ -67,6 +67,8 @@ typedef struct IdemShape
 	AttrNumber	tenant;			/* InvalidAttrNumber: none */
 	Oid			tenant_type;
 	Oid			tenant_collation;
+	int16		tenant_typlen;
+	bool		tenant_byval;
 	RegProcedure tenant_eq;		/* the primary key's equality of the type */
 } IdemShape;
 
@@ -129,7 +131,6 @@ typedef enum IdemDurability
 extern void idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
 							const IdemKey *key);
 extern void idem_store_reopen(IdemStore *store);
-extern void idem_store_check_tenant(const IdemKey *key, Oid tenant_type);
 extern List *idem_store_parts(Oid fn_oid, bool refuse_worker);
 extern void idem_store_open_part(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
 								 const IdemObjects *part);

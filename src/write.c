@@ -320,7 +320,7 @@ fill_slot(RecordWrite *w, const IdemKey *key, const IdemRecord *rec,
 		(rec->holder != 0 || rec->checkpoint != NULL || rec->forget_at != 0))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("table \"%s\" has no columns of version 1.4",
+				 errmsg("table \"%s\" has no columns holder, checkpoint, takeovers and forget_at",
 						RelationGetRelationName(w->store->heap[w->table])),
 				 errhint("Update the extension: ALTER EXTENSION idempotency UPDATE.")));
 
@@ -335,7 +335,7 @@ fill_slot(RecordWrite *w, const IdemKey *key, const IdemRecord *rec,
 	}
 	if (shape->tenant != InvalidAttrNumber)
 	{
-		/* the store's check_tenant saw that the key names it */
+		/* idem_store_open checked that the key names it */
 		Assert(key->has_tenant);
 		slot->tts_values[shape->tenant - 1] = key->tenant;
 		slot->tts_isnull[shape->tenant - 1] = false;
