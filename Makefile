@@ -13,10 +13,11 @@ UPDATE_CHAIN = idempotency--1.0.sql \
 	idempotency--1.1--1.2.sql \
 	idempotency--1.2--1.3.sql \
 	idempotency--1.3--1.4.sql \
-	idempotency--1.4--1.5.sql
+	idempotency--1.4--1.5.sql \
+	idempotency--1.5--1.6.sql
 DATA = $(UPDATE_CHAIN)
-# the install script of 1.5 is built from them (below)
-DATA_built = idempotency--1.5.sql
+# the install script of 1.6 is built from them (below)
+DATA_built = idempotency--1.6.sql
 PGFILEDESC = "idempotency - Idempotency-Key semantics inside PostgreSQL"
 
 # No -Werror here: a newer compiler's new warning must not break a user's
@@ -71,12 +72,12 @@ $(OBJS) $(OBJS:.o=.bc): | $(CURDIR)/src
 $(CURDIR)/src:
 	mkdir -p $@
 
-# idempotency--1.5.sql: idempotency--1.5.sql.in with its place-holder line
+# idempotency--1.6.sql: idempotency--1.6.sql.in with its place-holder line
 # replaced by the statements of UPDATE_CHAIN, each script under a "from"
 # line, without its psql guard (\echo ... \quit) and without its comments,
 # which describe each step as it was taken: the frame describes the schema
 # as it is.  A new installation is then exactly an updated one.
-idempotency--1.5.sql: $(srcdir)/idempotency--1.5.sql.in $(addprefix $(srcdir)/,$(UPDATE_CHAIN))
+idempotency--1.6.sql: $(srcdir)/idempotency--1.6.sql.in $(addprefix $(srcdir)/,$(UPDATE_CHAIN))
 	awk -v chain='$(addprefix $(srcdir)/,$(UPDATE_CHAIN))' ' \
 		$$0 != "@UPDATE_CHAIN@" { print; next } \
 		{ \
@@ -95,4 +96,4 @@ idempotency--1.5.sql: $(srcdir)/idempotency--1.5.sql.in $(addprefix $(srcdir)/,$
 				close(file[i]); \
 				if (!blank) print ""; \
 			} \
-		}' $(srcdir)/idempotency--1.5.sql.in > $@.tmp && mv $@.tmp $@
+		}' $(srcdir)/idempotency--1.6.sql.in > $@.tmp && mv $@.tmp $@

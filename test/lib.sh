@@ -14,7 +14,9 @@
 : "${PG_MAJOR:=15}"
 : "${PG_BINDIR:=/usr/lib/postgresql/$PG_MAJOR/bin}"
 PG_CONFIG="$PG_BINDIR/pg_config"
-PG_SHAREDIR="/usr/share/postgresql/$PG_MAJOR"
+# a private copy of an installation (/X/usr/lib/postgresql/N/bin) has its
+# share directory beside it, as PostgreSQL itself finds it
+PG_SHAREDIR="${PG_BINDIR%/lib/postgresql/*}/share/postgresql/$PG_MAJOR"
 
 # ---------------------------------------------------------------- messages
 

@@ -26,7 +26,7 @@ from .fingerprint import fingerprint, text_form
 from .sync import Claim, Coordinator
 
 #: the version of this distribution, idempotency-pg (python/pyproject.toml)
-__version__ = "0.1.0"
+__version__ = "1.6.0"
 
 R = TypeVar("R")
 

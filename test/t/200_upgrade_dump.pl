@@ -93,7 +93,7 @@ $owner->quit;
 (undef, $state) = wait_sql($dba);
 is($state, '00000', 'its transaction over, the update completes');
 $dba->quit;
-is(version(), '1.5', 'updated to the default version, 1.5');
+is(version(), '1.6', 'updated to the default version, 1.6');
 is($node->safe_psql($db, q{
 		SELECT format_type(atttypid, atttypmod) FROM pg_attribute
 		 WHERE attrelid = 'idem_record'::regclass AND attname = 'role_id'}),

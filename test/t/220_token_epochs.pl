@@ -261,7 +261,7 @@ $node->safe_psql('legacy', q{SELECT setval('idem_token_seq', 5000000000)});
 my $t_big = claim_token('legacy', 'l', 'big');
 $node->safe_psql('legacy', q{ALTER EXTENSION idempotency UPDATE});
 is($node->safe_psql('legacy', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.5', 'updated to 1.5 (the default version)');
+	'1.6', 'updated to 1.6 (the default version)');
 my $t_updated = claim_token('legacy', 'l', 'after-update');
 cmp_ok($t_updated, '>', $t_big, "tokens keep increasing across the update to epochs: $t_updated");
 $node->stop('immediate');

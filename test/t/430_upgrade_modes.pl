@@ -140,7 +140,7 @@ for my $db (qw(upg_unlogged upg_logged))
 	my $mode = $db eq 'upg_logged' ? 'all' : 'none';
 	my $p = $db eq 'upg_logged' ? 'p' : 'u';
 	is($node->safe_psql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-		'1.5', "$db: version 1.5 (the default) after the update");
+		'1.6', "$db: version 1.6 (the default) after the update");
 	is($node->safe_psql($db, 'SELECT idem_durability()'), $mode, "$db: the mode after the update is '$mode'");
 	is(persistence($db), "idem_record=$p idem_result=$p", "$db: both tables " . ($p eq 'p' ? 'logged' : 'unlogged'));
 	is(replays($db, @{ $keys{$db} }), $want{$db}, "$db, 1.3: every completed key replays its response");

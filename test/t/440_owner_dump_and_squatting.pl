@@ -99,7 +99,7 @@ like($stderr, qr/relation "idem_token_epoch" already exists/, '... and says why'
 $node->safe_psql('squat', 'DROP SEQUENCE public.idem_token_epoch');
 $node->safe_psql('squat', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('squat', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.5', 'once it is dropped, the update runs');
+	'1.6', 'once it is dropped, the update runs');
 
 $node->stop;
 done_testing();

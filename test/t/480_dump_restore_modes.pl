@@ -172,8 +172,8 @@ for my $mode (@modes)
 }
 
 # the 1.3 dump
-is($cb->safe_psql('v13', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.5',
-	'B, v13: the restore installed 1.5 (the default version)');
+is($cb->safe_psql('v13', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}), '1.6',
+	'B, v13: the restore installed 1.6 (the default version)');
 is($cb->safe_psql('v13', 'SELECT idem_durability()'), 'completed',
 	'B, v13: a 1.3 dump in mode all comes back in completed (no idem_mode in the dump)');
 is(persistence($cb, 'v13'), 'u|p', 'B, v13: idem_record unlogged, idem_result logged');

@@ -163,7 +163,7 @@ for my $mode (@modes)
 for my $mode (@modes)
 {
 	my $db = db_of($mode);
-	is(version($db), '1.5', "$db: version 1.5 (the default)");
+	is(version($db), '1.6', "$db: version 1.6 (the default)");
 	is(sql($db, 'SELECT idem_durability()'), $mode, "$db: the mode is still '$mode'");
 	is(persistence($db), $persistence{$mode}, "$db: idem_record|idem_result persistence is still $persistence{$mode}");
 	is(sql($db, q{SELECT coalesce(string_agg(durability, ','), 'no row') FROM idem_mode}),

@@ -192,7 +192,7 @@ is($pub->safe_psql('has_pub', q{SELECT count(*) FROM pg_extension WHERE extname 
 		SET idempotency.publish_records = on;
 		CREATE EXTENSION idempotency;
 		SELECT extversion FROM pg_extension WHERE extname = 'idempotency';});
-	is("$st|$out", '00000|1.5', 'with idempotency.publish_records = on, CREATE EXTENSION is allowed')
+	is("$st|$out", '00000|1.6', 'with idempotency.publish_records = on, CREATE EXTENSION is allowed')
 	  or diag($err);
 }
 
