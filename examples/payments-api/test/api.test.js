@@ -578,6 +578,11 @@ test('problem types are documented, unknown routes are problems too', async () =
 	const doc = await fetch(`${waitApi}/problems/idempotency-key-reused`);
 	assert.equal(doc.status, 200);
 	assert.match(await doc.text(), /^Idempotency-Key is already used\n/);
+	// every problem the middleware answers with (docs/http.md) is documented
+	for (const type of ['idempotency-key-missing', 'idempotency-key-malformed', 'request-in-progress',
+		'idempotency-key-expired', 'response-not-stored', 'invalid-request', 'internal-error', 'service-unavailable']) {
+		assert.equal((await fetch(`${waitApi}/problems/${type}`)).status, 200, type);
+	}
 	const nf = await fetch(`${waitApi}/nope`);
 	assert.equal(nf.status, 404);
 	assert.equal(nf.headers.get('content-type'), 'application/problem+json; charset=utf-8');
