@@ -314,9 +314,9 @@ class IdempotencyClient {
 					continue;
 				}
 				let e = translate(err, context);
-				if (isServerError(err) && err.code === '57014') {
-					// statement_timeout ended the wait for the attempt holding the
-					// key: it is still running
+				if (waitTimeout !== undefined && isServerError(err) && err.code === '57014') {
+					// waitTimeout ended the wait for the attempt holding the key:
+					// it is still running
 					e = new WaitTimeoutError(`gave up waiting for the attempt that holds idempotency key ${JSON.stringify(key)}: ${err.message}`,
 						{ sqlstate: '57014', detail: err.detail ?? null, operation, key, cause: err });
 				}

@@ -11,7 +11,7 @@ const { randomUUID } = require('node:crypto');
 const pg = require('pg');
 
 const {
-	IdempotencyClient, InProgressError, KeyReuseError, FencedError, ExpiredError, InputError,
+	IdempotencyClient, InProgressError, WaitTimeoutError, KeyReuseError, FencedError, ExpiredError, InputError,
 	ResponseTooLargeError, IdempotencyError, fingerprint,
 } = require('..');
 const { scratchDatabase, sleep } = require('./db');
@@ -225,4 +225,23 @@ test('renew extends the lease; onOutcome counted every outcome', async () => {
 	for (const outcome of ['new', 'replay', 'recover', 'in_progress', 'key_reuse', 'expired']) {
 		assert.ok(outcomes.includes(`op.test:${outcome}`), `${outcome} was reported: ${outcomes.join(' ')}`);
 	}
+});
+
+test('waitTimeout: WaitTimeoutError (an InProgressError) after the wait, and the connection keeps its own statement_timeout', async () => {
+	const one = s.pool({ max: 1 });
+	const client = new IdempotencyClient(one, { waitTimeout: 200 });
+	const key = newKey('waittimeout');
+	const claim = await idem.begin('op.test', key, ['x'], { lease: '20 s' });
+	const err = await client.begin('op.test', key, ['x']).catch((e) => e);
+	assert.ok(err instanceof WaitTimeoutError, String(err));
+	assert.ok(err instanceof InProgressError);
+	assert.equal(err.sqlstate, '57014');
+	const { rows } = await one.query('SHOW statement_timeout');
+	assert.equal(rows[0].statement_timeout, '0', 'the pooled connection has its own statement_timeout back');
+	const quick = await client.begin('op.test', key, ['x'], { waitTimeout: '1 min', inFlight: 'raise' }).catch((e) => e);
+	assert.ok(quick instanceof InProgressError && !(quick instanceof WaitTimeoutError), String(quick));
+	await claim.finish({ done: true });
+	const replay = await client.begin('op.test', key, ['x']);
+	assert.equal(replay.status, 'replay');
+	assert.equal((await one.query('SHOW statement_timeout')).rows[0].statement_timeout, '0');
 });
