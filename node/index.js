@@ -1,37 +1,37 @@
 'use strict';
 // idempotency-pg: the idempotency extension for node-pg, and an express
-// middleware for the Idempotency-Key header.  See README.md.
+// middleware for the Idempotency-Key header.  See README.md; the HTTP
+// answers are docs/http.md's.
 
 const { IdempotencyClient, Claim, beginStatement, finishStatement, statements } = require('./lib/client');
 const {
-	IdempotencyError, InProgressError, KeyReuseError, FencedError, ExpiredError, InputError, ResponseTooLargeError,
-	translate: translateError,
+	IdempotencyError, InProgressError, WaitTimeoutError, KeyReuseError, LostClaimError, ResponseExpiredError,
+	InvalidRequestError, ResponseTooLargeError, FencedError, ExpiredError, InputError, translate: translateError,
 } = require('./lib/errors');
 const { fingerprint, textForm } = require('./lib/fingerprint');
 const { MAX_KEY_LENGTH, parseIdempotencyKey } = require('./lib/key');
-const mw = require('./lib/middleware');
-
-const { idempotencyKey, middleware, sendStored, sendProblem, problemFor } = mw;
-
-IdempotencyClient.prototype.middleware = function middleware(options) {
-	return mw.middleware(this, options);
-};
-IdempotencyClient.prototype.sendError = function sendError(res, err, context) {
-	return mw.sendError(this, res, err, context);
-};
+const {
+	IdempotentRoute, idempotencyKey, middleware, sendStored, sendProblem, problemFor, PROBLEM_TYPE_BASE,
+} = require('./lib/middleware');
 
 // Each export by name (shorthand), so that ESM's `import { ... } from
 // 'idempotency-pg'` finds them all.
 module.exports = {
 	IdempotencyClient,
 	Claim,
+	IdempotentRoute,
 	IdempotencyError,
 	InProgressError,
+	WaitTimeoutError,
 	KeyReuseError,
+	LostClaimError,
+	ResponseExpiredError,
+	InvalidRequestError,
+	ResponseTooLargeError,
+	// the names before 1.6, the same classes
 	FencedError,
 	ExpiredError,
 	InputError,
-	ResponseTooLargeError,
 	translateError,
 	fingerprint,
 	textForm,
@@ -42,6 +42,7 @@ module.exports = {
 	sendStored,
 	sendProblem,
 	problemFor,
+	PROBLEM_TYPE_BASE,
 	beginStatement,
 	finishStatement,
 	statements,

@@ -141,16 +141,9 @@ export function createApp({
 	app.disable('etag');
 	app.use(express.json({ limit: '16kb' }));
 
-	app.post('/charges', requireKey, validateBody, idem.middleware({
-		operation: OPERATION,
-		fingerprint: FINGERPRINT,
-		inFlight,
-		lease,
-		takeover: sessionTakeover ? 'session' : undefined,
-		// in the claim's own statement: "calling the provider with this key"
-		checkpoint: checkpoint ? (req, key) => ({ provider_key: key }) : false,
-		problemType,
-	}), async (req, res) => {
+	// the handler; also the recover handler: after a takeover with a
+	// checkpoint ('recover') it runs with req.idempotency.status 'recover'
+	async function charge(req, res) {
 		const { key, status } = req.idempotency;
 		const { customer, amount, currency } = req.body;
 
@@ -192,7 +185,19 @@ export function createApp({
 		if (!stored) {
 			log.error(`charge ${result.id} made but its response was not stored (key ${JSON.stringify(key)})`);
 		}
-	});
+	}
+
+	app.post('/charges', requireKey, validateBody, idem.middleware({
+		operation: OPERATION,
+		fingerprint: FINGERPRINT,
+		inFlight,
+		lease,
+		takeover: sessionTakeover ? 'session' : undefined,
+		// in the claim's own statement: "calling the provider with this key"
+		checkpoint: checkpoint ? (req, key) => ({ provider_key: key }) : false,
+		problemType,
+		recover: checkpoint ? charge : undefined,
+	}), charge);
 
 	app.post('/orders', requireKey, validateBody, async (req, res) => {
 		const key = req.idempotencyKey;

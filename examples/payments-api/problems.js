@@ -38,6 +38,12 @@ export const PROBLEM_TYPES = {
 		doc: 'The request with this Idempotency-Key was completed, and its stored response is no longer kept. ' +
 			'Do not retry it; a new request needs a new key.',
 	},
+	'response-not-stored': {
+		title: 'The response for this Idempotency-Key was not stored',
+		doc: 'The request with this Idempotency-Key was processed, but its response could not be stored ' +
+			'(docs/http.md). Answered 410 to every retry: do not retry it; a new request needs a new key. ' +
+			'Answered 500 to an attempt that lost its claim to another: retry with the same key to get that one\'s response.',
+	},
 	'invalid-request': {
 		title: 'Invalid request',
 		doc: 'POST /charges takes a JSON object {"customer": string, "amount": positive integer in minor units, "currency": ISO 4217 code}.',

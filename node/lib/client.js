@@ -24,11 +24,23 @@ const util = require('node:util');
 
 const { fingerprint: computeFingerprint } = require('./fingerprint');
 const errors = require('./errors');
+const { IdempotentRoute, sendError } = require('./middleware');
+const { intervalText, milliseconds } = require('./duration');
 
-const { translate, brokeConnection, isServerError, InProgressError, InputError, FencedError } = errors;
+const {
+	translate, brokeConnection, isServerError, WaitTimeoutError, LostClaimError,
+} = errors;
 
 const SERIALIZATION_RETRIES = 3;
 const FINISH_RETRIES = 5;
+const RECONNECTS = 5;
+
+// A pooled session the server had ended (terminated, shut down, restarting):
+// FATAL 57P01..57P03, whose statement did not commit, or a write to its
+// closed socket (EPIPE), which never reached it.
+function endedSession(err) {
+	return isServerError(err) ? err.severity === 'FATAL' && /^57P0[123]$/.test(err.code) : err?.code === 'EPIPE';
+}
 
 // ------------------------------------------------------------------ SQL
 
@@ -80,12 +92,20 @@ const INSPECT = {
 	              completed_at, expires_at, uncommitted, response
 	         FROM idem_inspect($1, $2)`,
 };
-// seconds until the claim's lease ends, by the server's clock, at least 1
+// Retry-After for a 409 (docs/http.md): the expected duration of an attempt
+// ($3, seconds) less how long the holding one has run, never beyond its
+// lease, by the server's clock; at least 1
 const RETRY_AFTER = {
 	name: 'idem_retry_after',
-	text: `SELECT greatest(1, ceil(extract(epoch FROM lease_until - clock_timestamp())))::int AS seconds
+	text: `SELECT greatest(1, ceil(least($3::float8 - extract(epoch FROM clock_timestamp() - created_at),
+	                                      extract(epoch FROM lease_until - clock_timestamp()))))::int AS seconds
 	         FROM idem_inspect($1, $2) WHERE lease_until IS NOT NULL`,
 };
+const SET_TIMEOUT = {
+	name: 'idem_set_timeout',
+	text: `SELECT current_setting('statement_timeout') AS previous, set_config('statement_timeout', $1, false)`,
+};
+const RESTORE_TIMEOUT = { name: 'idem_restore_timeout', text: `SELECT set_config('statement_timeout', $1, false)` };
 
 // The finish, and the effect's statement in the same statement (so in one
 // transaction): `WITH effect AS (INSERT ...) SELECT idem_finish(...)`.  The
@@ -99,17 +119,6 @@ function finishStatement(effect) {
 		statement.name = effect.name;
 	}
 	return statement;
-}
-
-// '30 s', '500 ms' as they are; a number is milliseconds.
-function intervalText(value) {
-	if (typeof value === 'number') {
-		if (!Number.isFinite(value)) {
-			throw new TypeError(`not a duration: ${value}`);
-		}
-		return `${value} milliseconds`;
-	}
-	return String(value);
 }
 
 // ---------------------------------------------------------- connections
@@ -178,6 +187,43 @@ function isTransient(err) {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+// idem_begin on conn, under statement_timeout = waitTimeout (ms) if given,
+// retried on 40001 -> its row.  On an error there is no claim: the
+// connection goes back to the pool with its own statement_timeout (closed if
+// it broke, or if that cannot be restored).
+async function claimOn(conn, statement, waitTimeout) {
+	let previous = null;
+	try {
+		if (waitTimeout !== undefined) {
+			({ rows: [{ previous }] } = await conn.query({ ...SET_TIMEOUT, values: [String(waitTimeout)] }));
+		}
+		let row;
+		for (let attempt = 1; ; attempt++) {
+			try {
+				({ rows: [row] } = await conn.query(statement));
+				break;
+			} catch (err) {
+				// docs/errors.md, "Errors and HTTP": under REPEATABLE READ the snapshot
+				// may not see a concurrent result; the retry replays it
+				if (err.code !== '40001' || attempt >= SERIALIZATION_RETRIES) {
+					throw err;
+				}
+			}
+		}
+		if (previous !== null) {
+			await conn.query({ ...RESTORE_TIMEOUT, values: [previous] });
+		}
+		return row;
+	} catch (err) {
+		let restored = previous === null;
+		if (!restored && conn.usable) {
+			restored = await conn.query({ ...RESTORE_TIMEOUT, values: [previous] }).then(() => true, () => false);
+		}
+		conn.release(!restored);
+		throw err;
+	}
+}
+
 // ---------------------------------------------------------------- client
 
 const OUTCOMES = { new: 'new', replay: 'replay', recover: 'recover' };
@@ -192,7 +238,7 @@ class IdempotencyClient {
 	//   finishPool    where a finish or abort runs if the claim's connection
 	//                 broke (default: pool)
 	//   tokens        'string' (default) or 'bigint': the type of claim.token
-	//   inFlight, lease, ttl, takeover, remember: defaults for begin()
+	//   inFlight, lease, ttl, takeover, remember, waitTimeout: defaults for begin()
 	//   log           { debug(msg), error(...) }; debug: NODE_DEBUG=idempotency-pg
 	//   onOutcome     (operation, outcome) => void, for counting
 	constructor(pool, options = {}) {
@@ -211,8 +257,23 @@ class IdempotencyClient {
 				this.defaults[option] = options[option];
 			}
 		}
+		if (options.waitTimeout !== undefined && options.waitTimeout !== null) {
+			this.defaults.waitTimeout = milliseconds(options.waitTimeout);
+		}
 		this.log = { ...defaultLog(), ...(options.log ?? {}) };
 		this.onOutcome = options.onOutcome ?? null;
+	}
+
+	// middleware(options): an express middleware for routes that take an
+	// Idempotency-Key header (README.md, "The middleware")
+	middleware(options) {
+		return new IdempotentRoute(this, options).handler;
+	}
+
+	// sendError(res, err, { operation, key, problemTypeBase, expected }):
+	// answer err as the middleware does (docs/http.md)
+	sendError(res, err, context) {
+		return sendError(this, res, err, context);
 	}
 
 	// begin(operation, key, fingerprint, options) -> Claim
@@ -221,49 +282,52 @@ class IdempotencyClient {
 	// values (fingerprinted here as idem_fingerprint would), or null.
 	// options: inFlight ('wait' | 'raise'), lease, ttl, remember (interval
 	// text such as '30 s', or milliseconds), takeover ('lease' | 'session'),
-	// checkpoint (a state recorded on the claim in the same statement).
-	// Throws InProgressError, KeyReuseError, ExpiredError, InputError, or
-	// node-pg's error.
+	// checkpoint (a state recorded on the claim in the same statement),
+	// waitTimeout (how long a duplicate waits for the attempt holding the
+	// key: milliseconds or '2 s'; the server's statement_timeout otherwise).
+	// Throws InProgressError (WaitTimeoutError after waitTimeout),
+	// KeyReuseError, ResponseExpiredError, InvalidRequestError, or node-pg's
+	// error.
 	async begin(operation, key, fingerprint, options = {}) {
 		const fp = Array.isArray(fingerprint) ? computeFingerprint(...fingerprint) : (fingerprint ?? null);
 		const opts = { ...this.defaults, ...options };
+		const waitTimeout = options.waitTimeout !== undefined && options.waitTimeout !== null
+			? milliseconds(options.waitTimeout) : this.defaults.waitTimeout;
 		const statement = beginStatement(opts);
 		statement.values = [operation, key, fp, ...statement.values];
 		const context = { operation, key, requestFingerprint: fp };
 		const report = (outcome) => this.report(operation, key, outcome, options.onOutcome);
 
-		const conn = new HeldConnection(await this.pool.connect());
+		let conn;
 		let row;
-		try {
-			for (let attempt = 1; ; attempt++) {
-				try {
-					({ rows: [row] } = await conn.query(statement));
-					break;
-				} catch (err) {
-					// docs/errors.md, "Errors and HTTP": under REPEATABLE READ the snapshot
-					// may not see a concurrent result; the retry replays it
-					if (err.code !== '40001' || attempt >= SERIALIZATION_RETRIES) {
-						throw err;
-					}
+		for (let reconnect = 0; ; reconnect++) {
+			conn = new HeldConnection(await this.pool.connect());
+			try {
+				row = await claimOn(conn, statement, waitTimeout);
+				break;
+			} catch (err) {
+				if (endedSession(err) && reconnect < RECONNECTS) {
+					// the server had ended this pooled session (restarted, or
+					// terminated it) before our statement: nothing ran; again
+					// on a new connection
+					conn.release();
+					continue;
 				}
+				let e = translate(err, context);
+				if (waitTimeout !== undefined && isServerError(err) && err.code === '57014') {
+					// waitTimeout ended the wait for the attempt holding the key:
+					// it is still running
+					e = new WaitTimeoutError(`gave up waiting for the attempt that holds idempotency key ${JSON.stringify(key)}: ${err.message}`,
+						{ sqlstate: '57014', detail: err.detail ?? null, operation, key, cause: err });
+				}
+				const outcome = e instanceof errors.InProgressError ? 'in_progress'
+					: e instanceof errors.KeyReuseError ? 'key_reuse'
+						: e instanceof errors.ResponseExpiredError ? 'expired' : null;
+				if (outcome) {
+					report(outcome);
+				}
+				throw e;
 			}
-		} catch (err) {
-			// no claim: the connection goes back to the pool, unless it broke
-			conn.release();
-			let e = translate(err, context);
-			if (isServerError(err) && err.code === '57014') {
-				// statement_timeout ended the wait for the attempt holding the
-				// key: it is still running
-				e = new InProgressError(`gave up waiting for the attempt that holds idempotency key ${JSON.stringify(key)}: ${err.message}`,
-					{ sqlstate: '57014', detail: err.detail ?? null, operation, key, cause: err });
-			}
-			const outcome = e instanceof errors.InProgressError ? 'in_progress'
-				: e instanceof errors.KeyReuseError ? 'key_reuse'
-					: e instanceof errors.ExpiredError ? 'expired' : null;
-			if (outcome) {
-				report(outcome);
-			}
-			throw e;
 		}
 		report(OUTCOMES[row.status] ?? row.status);
 		if (row.status === 'replay') {
@@ -293,11 +357,13 @@ class IdempotencyClient {
 		return rows[0] ?? null;
 	}
 
-	// retryAfter(operation, key) -> seconds until the claim on the key
-	// lapses (its lease end, by the server's clock), at least 1; 1 when there
-	// is no claim any more.  For a 409's Retry-After.
-	async retryAfter(operation, key) {
-		const { rows } = await query(this.pool, { ...RETRY_AFTER, values: [operation, key] });
+	// retryAfter(operation, key, expected) -> a 409's Retry-After
+	// (docs/http.md): seconds until the attempt holding the key is expected
+	// to end -- `expected` (seconds an attempt takes; default 0) less how
+	// long it has run, and no later than its lease's end -- at least 1; 1
+	// when there is no claim any more.
+	async retryAfter(operation, key, expected = 0) {
+		const { rows } = await query(this.pool, { ...RETRY_AFTER, values: [operation, key, expected] });
 		return rows[0]?.seconds ?? 1;
 	}
 }
@@ -367,10 +433,12 @@ class Claim {
 	// the same statement, so in the same transaction, as idem_finish; its
 	// parameters are numbered from $5.  Retried on connection errors (the
 	// action was done: a claim left pending would make the next retry run it
-	// again).  On IK412 (FencedError) the connection goes back to the pool; on
-	// an input error (54000, 22004) the claim stays held (finish again, or
-	// abort); on any other error the attempt gives up: the connection is
-	// closed, so a 'session' claim lapses at once, keeping its checkpoint.
+	// again).  On IK412 (LostClaimError) the connection goes back to the pool.
+	// On another error the server sent (54000, 22004, an effect's error) the
+	// claim stays held: finish again (a smaller response), abort (nothing
+	// happened), or release.  When the connection is lost for good the
+	// attempt gives up: the connection is closed, so a 'session' claim
+	// lapses at once, keeping its checkpoint.
 	async finish(response, { effect } = {}) {
 		this.assertPending('finish');
 		const statement = {
@@ -388,8 +456,10 @@ class Claim {
 					continue;
 				}
 				const e = translate(err, this);
-				if (!(e instanceof InputError)) {
-					this.settle(!(e instanceof FencedError));
+				if (e instanceof LostClaimError) {
+					this.settle();
+				} else if (!isServerError(err) || !this.conn.usable) {
+					this.settle(true);
 				}
 				throw e;
 			}

@@ -1,5 +1,6 @@
 'use strict';
-// The extension's errors as classes (docs/errors.md, "Errors and HTTP").  Each
+// The extension's errors as classes (docs/errors.md, "Errors and HTTP"), with
+// the Python package's names (docs/http.md, "Names in both packages").  Each
 // carries the SQLSTATE (`sqlstate`, also `code`), the server's DETAIL
 // (`detail`), the operation and key it was raised for, and the driver's
 // error as `cause`.  Errors of other SQLSTATEs, and connection errors, are
@@ -33,24 +34,31 @@ class KeyReuseError extends IdempotencyError {
 	}
 }
 
+// A wait for the attempt holding the key that the middleware's or begin()'s
+// waitTimeout ended (the server cancelled it, SQLSTATE 57014): nothing
+// changed.  An InProgressError: HTTP 409.
+class WaitTimeoutError extends InProgressError {}
+
 // IK412: the token no longer holds the key (finished, aborted or taken over).
-class FencedError extends IdempotencyError {}
+class LostClaimError extends IdempotencyError {}
 
 // IK410: the key was completed and is remembered, its response expired.
-class ExpiredError extends IdempotencyError {}
+class ResponseExpiredError extends IdempotencyError {}
 
-// 22023, 22004, 54000: the caller's input: an empty or over-long key or
-// operation, a bad lease or ttl, a NULL, a response too large to store.
-class InputError extends IdempotencyError {}
-class ResponseTooLargeError extends InputError {}
+// 22023, 22004: the caller's input: an empty or over-long key or
+// operation, a bad lease or ttl, a NULL.
+class InvalidRequestError extends IdempotencyError {}
+
+// 54000: the response is larger than idempotency.max_response_size.
+class ResponseTooLargeError extends IdempotencyError {}
 
 const CLASSES = {
 	IK409: InProgressError,
 	IK422: KeyReuseError,
-	IK412: FencedError,
-	IK410: ExpiredError,
-	22023: InputError,
-	22004: InputError,
+	IK412: LostClaimError,
+	IK410: ResponseExpiredError,
+	22023: InvalidRequestError,
+	22004: InvalidRequestError,
 	54000: ResponseTooLargeError,
 };
 
@@ -92,7 +100,22 @@ function parseFingerprints(detail) {
 	return found.length === 2 ? { stored: found[0], request: found[1] } : null;
 }
 
+// Could the database not be reached at all: no connection, a refused or
+// lost one, a server shutting down?  Not a pool that is only busy (its
+// connectionTimeoutMillis), not a refusal, not a statement's timeout.
+const UNREACHABLE_ERRNOS = new Set(['ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'EHOSTUNREACH', 'ENETUNREACH',
+	'EAI_AGAIN', 'ETIMEDOUT', 'EPIPE', 'ENOENT']);
+function isUnreachable(err) {
+	if (isServerError(err)) {
+		return /^(08|57P0[123])/.test(err.code);
+	}
+	return err instanceof Error && (UNREACHABLE_ERRNOS.has(err.code) || /^Connection terminated/.test(err.message));
+}
+
 module.exports = {
-	IdempotencyError, InProgressError, KeyReuseError, FencedError, ExpiredError, InputError,
-	ResponseTooLargeError, translate, isServerError, brokeConnection, parseFingerprints,
+	IdempotencyError, InProgressError, WaitTimeoutError, KeyReuseError, LostClaimError, ResponseExpiredError,
+	InvalidRequestError, ResponseTooLargeError, translate, isServerError, isUnreachable, brokeConnection,
+	parseFingerprints,
+	// the names before 1.6
+	FencedError: LostClaimError, ExpiredError: ResponseExpiredError, InputError: InvalidRequestError,
 };

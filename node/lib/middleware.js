@@ -1,70 +1,107 @@
 'use strict';
-// An express (or connect, or plain node:http) middleware for routes that take
-// an Idempotency-Key header (IETF draft-ietf-httpapi-idempotency-key-header),
-// mapping the extension's outcomes to HTTP as docs/errors.md, "Errors and HTTP" says:
+// The express middleware: routes that take an Idempotency-Key header (IETF
+// draft-ietf-httpapi-idempotency-key-header), answering as docs/http.md's
+// table says -- the HTTP contract that the Python package follows too.
 //
-//   key missing, empty, > 255 characters, malformed   400 problem+json
-//   replay          the stored status, allow-listed headers and body, plus
-//                   Idempotent-Replayed: true
-//   IK409           409, Retry-After: the seconds until the claim's lease ends
-//   IK422           422 problem+json with stored_fingerprint, request_fingerprint
-//   IK410           410: done, its response expired; a new request needs a new key
-//   22023 / 22004   400;  25006, connection errors  503, Retry-After: 1
-//   IK412 / 54000   500 (the attempt lost its claim / the response is too large)
-//
-// 'new' or 'recover': the handler runs with req.idempotency set, and what it
-// sends is stored (status < 400, `store`) or the claim is aborted (errors are
-// not cached) before the response leaves.
+// An IdempotentRoute is one declared route: its options, checked where the
+// route is declared, and what it measured (how long its attempts take, for
+// a 409's Retry-After).  An Attempt is one request that holds the key: it
+// captures what the handler sends -- res.writeHead, res.write and res.end
+// alike, so that nothing leaves before it is stored -- then stores it with
+// idem_finish and sends it, or releases the claim (errors are not cached).
+// Once the handler has run, a failure to store never leads to a second run:
+// the key is completed with the response-not-stored answer instead.
 
 const { parseIdempotencyKey } = require('./key');
 const { fingerprint: computeFingerprint } = require('./fingerprint');
+const { milliseconds } = require('./duration');
 const errors = require('./errors');
 
 const TITLES = {
 	'idempotency-key-missing': 'Idempotency-Key is missing',
 	'idempotency-key-malformed': 'Idempotency-Key is malformed',
 	'idempotency-key-reused': 'Idempotency-Key is already used',
-	'request-in-progress': 'A request is outstanding for this Idempotency-Key',
 	'idempotency-key-expired': 'The response for this Idempotency-Key has expired',
+	'request-in-progress': 'A request is outstanding for this Idempotency-Key',
+	'response-not-stored': 'The response for this Idempotency-Key was not stored',
 	'invalid-request': 'Invalid request',
 	'internal-error': 'Internal error',
 	'service-unavailable': 'Service unavailable',
 };
 
+const PROBLEM_TYPE_BASE = 'urn:idempotency:problem:';
 const JSON_TYPE = 'application/json; charset=utf-8';
+const PROBLEM_TYPE = 'application/problem+json; charset=utf-8';
 const PARTS = new Set(['body', 'params', 'query', 'headers']);
+// "try again later" statuses: not stored, as server errors are not
+const NOT_STORED = new Set([408, 425, 429]);
+
+const defaultStore = (status) => status < 500 && !NOT_STORED.has(status);
 
 // problem(status, name, detail, { extra, headers }): an RFC 9457 problem
-// detail.  `name` is one of TITLES' keys; the response's "type" is
-// problemType(name) (none, i.e. about:blank, unless the option is given).
+// detail; `name` is its type's slug, one of TITLES' keys.
 function problem(status, name, detail, { extra = {}, headers = {} } = {}) {
 	return { status, name, title: TITLES[name] ?? name, detail, extra, headers };
 }
 
-function sendProblem(res, p, { problemType } = {}) {
+// the problem's type URI: problemType(name) if given, else
+// problemTypeBase + name
+function problemTypeOf({ problemType, problemTypeBase = PROBLEM_TYPE_BASE } = {}) {
+	if (problemType !== undefined && problemType !== null) {
+		if (typeof problemType !== 'function') {
+			throw new TypeError('problemType must be a function of the problem\'s name');
+		}
+		return problemType;
+	}
+	if (typeof problemTypeBase !== 'string') {
+		throw new TypeError('problemTypeBase must be a string');
+	}
+	return (name) => problemTypeBase + name;
+}
+
+function problemText(p, typeOf) {
 	const body = {};
-	const type = problemType ? problemType(p.name) : undefined;
+	const type = typeOf(p.name);
 	if (type !== undefined && type !== null) {
 		body.type = type;
 	}
 	Object.assign(body, { title: p.title, status: p.status, detail: p.detail }, p.extra);
+	return JSON.stringify(body);
+}
+
+// sendProblem(res, p, { problemType, problemTypeBase })
+function sendProblem(res, p, options = {}) {
+	const text = problemText(p, problemTypeOf(options));
 	for (const h of ['content-length', 'etag', 'location']) {
 		res.removeHeader(h);
 	}
 	for (const [name, value] of Object.entries(p.headers)) {
 		res.setHeader(name, value);
 	}
-	const text = JSON.stringify(body);
 	res.statusCode = p.status;
-	res.setHeader('Content-Type', 'application/problem+json; charset=utf-8');
+	res.setHeader('Content-Type', PROBLEM_TYPE);
 	res.setHeader('Content-Length', Buffer.byteLength(text));
 	res.end(text);
 }
 
-// sendStored(res, stored, replayed): a stored response { status, headers,
-// body } (body: JSON; or text: a string), with Idempotent-Replayed: true on
-// a replay.  The first response is sent from what was stored too, so that
-// it and its replays are identical.
+// The body of a stored response { status, headers, text | base64 | body }:
+// `text` is the body as it was sent, `base64` one that is not UTF-8 text,
+// `body` a JSON value (a record an application wrote itself).
+function storedBytes(stored) {
+	if (typeof stored.text === 'string') {
+		return Buffer.from(stored.text, 'utf8');
+	}
+	if (typeof stored.base64 === 'string') {
+		return Buffer.from(stored.base64, 'base64');
+	}
+	if (stored.body !== undefined) {
+		return Buffer.from(JSON.stringify(stored.body), 'utf8');
+	}
+	return Buffer.alloc(0);
+}
+
+// sendStored(res, stored, replayed): a stored response, with
+// Idempotent-Replayed: true on a replay.
 function sendStored(res, stored, replayed) {
 	res.removeHeader('content-length');
 	const headers = stored.headers ?? {};
@@ -77,17 +114,17 @@ function sendStored(res, stored, replayed) {
 	if (replayed) {
 		res.setHeader('Idempotent-Replayed', 'true');
 	}
-	const text = stored.body !== undefined ? JSON.stringify(stored.body) : (stored.text ?? '');
+	const bytes = storedBytes(stored);
 	res.statusCode = stored.status ?? 200;
-	res.setHeader('Content-Length', Buffer.byteLength(text));
-	res.end(text);
+	res.setHeader('Content-Length', bytes.length);
+	res.end(bytes);
 }
 
 // problemFor(err, { retryAfter }) -> the problem an API answers for an
-// error of begin / finish / abort (docs/errors.md, "Errors and HTTP")
+// error of begin / finish / abort (docs/http.md)
 function problemFor(err, { retryAfter = 1 } = {}) {
 	if (err instanceof errors.InProgressError) {
-		return problem(409, 'request-in-progress', err.sqlstate === '57014'
+		return problem(409, 'request-in-progress', err instanceof errors.WaitTimeoutError
 			? 'A request with this Idempotency-Key has been running for longer than this server waits. Retry later with the same key.'
 			: 'A request with this Idempotency-Key is still being processed. Retry later with the same key.',
 		{ headers: { 'Retry-After': String(retryAfter) } });
@@ -97,19 +134,19 @@ function problemFor(err, { retryAfter = 1 } = {}) {
 			'This Idempotency-Key was already used for a different request. Use a new key for a new request.',
 			{ extra: { stored_fingerprint: err.storedFingerprint, request_fingerprint: err.requestFingerprint } });
 	}
-	if (err instanceof errors.ExpiredError) {
+	if (err instanceof errors.ResponseExpiredError) {
 		return problem(410, 'idempotency-key-expired',
 			'The request with this Idempotency-Key was completed, and its stored response has expired. ' +
 			'Do not retry it; a new request needs a new key.');
 	}
-	if (err instanceof errors.FencedError) {
-		return problem(500, 'internal-error',
+	if (err instanceof errors.LostClaimError) {
+		return problem(500, 'response-not-stored',
 			'This attempt lost its claim on the Idempotency-Key before it could store its response. Retry with the same key.');
 	}
 	if (err instanceof errors.ResponseTooLargeError) {
-		return problem(500, 'internal-error', 'The response is too large to store.');
+		return problem(500, 'response-not-stored', 'The response is too large to store.');
 	}
-	if (err instanceof errors.InputError) {
+	if (err instanceof errors.InvalidRequestError) {
 		return problem(400, 'invalid-request', `Invalid argument: ${err.message}.`);
 	}
 	if (err?.code === '25006' || err?.code === '57014') {
@@ -121,6 +158,29 @@ function problemFor(err, { retryAfter = 1 } = {}) {
 			{ headers: { 'Retry-After': '1' } });
 	}
 	return problem(500, 'internal-error', 'The server could not complete the request.');
+}
+
+// sendError(client, res, err, { operation, key, problemType,
+// problemTypeBase, expected, log }): the problem for err; a 409's
+// Retry-After from the claim (client.retryAfter, `expected` seconds per
+// attempt)
+async function sendError(client, res, err, { operation, key, expected = 0, log = client.log, ...types } = {}) {
+	const e = errors.translate(err, { operation, key });
+	let retryAfter = 1;
+	if (e instanceof errors.InProgressError && operation && key) {
+		try {
+			retryAfter = await client.retryAfter(operation, key, expected);
+		} catch (inspectError) {
+			log.error('idempotency-pg: reading the claim for Retry-After failed:', inspectError.message);
+		}
+	}
+	const p = problemFor(e, { retryAfter });
+	if (p.status >= 500) {
+		log.error(`idempotency-pg: ${operation} ${JSON.stringify(key)}:`, e.code ?? '', e.message);
+	}
+	if (!res.headersSent) {
+		sendProblem(res, p, types);
+	}
 }
 
 // 'body.amount' -> (req) => req.body?.amount
@@ -154,10 +214,12 @@ function fingerprinter(option) {
 	return (req) => computeFingerprint(...getters.map((g) => g(req)));
 }
 
-// idempotencyKey({ header, problemType, required }): only the header check:
-// req.idempotencyKey is the key, or a 400 is sent.
-function idempotencyKey({ header = 'Idempotency-Key', problemType, required = true } = {}) {
+// idempotencyKey({ header, problemType, problemTypeBase, required }): only
+// the header check: req.idempotencyKey is the key (null without one when
+// not required), or a 400 is sent.
+function idempotencyKey({ header = 'Idempotency-Key', required = true, ...types } = {}) {
 	const lower = header.toLowerCase();
+	const typeOf = problemTypeOf(types);
 	return function idempotencyKeyMiddleware(req, res, next) {
 		const value = req.headers[lower];
 		if (value === undefined && !required) {
@@ -167,194 +229,391 @@ function idempotencyKey({ header = 'Idempotency-Key', problemType, required = tr
 		const parsed = parseIdempotencyKey(value);
 		if (!parsed.ok) {
 			return sendProblem(res, problem(400, parsed.missing ? 'idempotency-key-missing' : 'idempotency-key-malformed',
-				parsed.reason), { problemType });
+				parsed.reason), { problemType: typeOf });
 		}
 		req.idempotencyKey = parsed.key;
 		return next();
 	};
 }
 
-// middleware(client, options): see README.md of this package.
-function middleware(client, options = {}) {
-	const {
-		operation, fingerprint, inFlight, lease, ttl, takeover, remember, checkpoint = false,
-		headers = ['Location', 'ETag'], store = (status) => status < 400, problemType,
-		header = 'Idempotency-Key', required = true, onOutcome,
-	} = options;
-	if (typeof operation !== 'string' || operation === '') {
-		throw new TypeError('middleware: operation must be a non-empty string');
+const oneOf = (name, value, allowed) => {
+	if (value !== undefined && value !== null && !allowed.includes(value)) {
+		throw new TypeError(`middleware: ${name} must be ${allowed.map((a) => `'${a}'`).join(' or ')}`);
 	}
-	for (const [name, value, allowed] of [['inFlight', inFlight, ['wait', 'raise']], ['takeover', takeover, ['lease', 'session']]]) {
-		if (value !== undefined && value !== null && !allowed.includes(value)) {
-			throw new TypeError(`middleware: ${name} must be ${allowed.map((a) => `'${a}'`).join(' or ')}`);
+};
+
+// One declared route: idem.middleware(options) is `new
+// IdempotentRoute(idem, options).handler`.  Options: README.md, "The
+// middleware".
+class IdempotentRoute {
+	constructor(client, options = {}) {
+		const {
+			operation, fingerprint, inFlight, lease, ttl, takeover, remember, waitTimeout, checkpoint = false, recover,
+			headers, replayHeaders = headers ?? ['Location', 'ETag'], store = defaultStore, onStoreError = 'raise',
+			header = 'Idempotency-Key', required = true, onOutcome, problemType, problemTypeBase,
+		} = options;
+		if (typeof operation !== 'string' || operation === '') {
+			throw new TypeError('middleware: operation must be a non-empty string');
 		}
-	}
-	const log = { ...client.log, ...(options.log ?? {}) };
-	const fp = fingerprinter(fingerprint);
-	const keep = headers.map((h) => h.toLowerCase());
-	const checkpointState = checkpoint === true ? (req, key) => ({ idempotency_key: key })
-		: typeof checkpoint === 'function' ? checkpoint : null;
-	const checkKey = idempotencyKey({ header, problemType, required });
-	const beginOptions = { inFlight, lease, ttl, takeover, remember, onOutcome };
-	for (const k of Object.keys(beginOptions)) {
-		if (beginOptions[k] === undefined) {
-			delete beginOptions[k];
+		oneOf('inFlight', inFlight, ['wait', 'raise']);
+		oneOf('takeover', takeover, ['lease', 'session']);
+		oneOf('onStoreError', onStoreError, ['raise', 'run']);
+		if (recover !== undefined && recover !== null && typeof recover !== 'function') {
+			throw new TypeError('middleware: recover must be a handler (req, res, next)');
 		}
+		if (checkpoint !== false && checkpoint !== true && typeof checkpoint !== 'function') {
+			throw new TypeError('middleware: checkpoint must be true, false or a function (req, key) => state');
+		}
+		// a key taken over with a checkpoint gets 'recover': with no recover
+		// handler, every retry of that key would have nothing to run
+		if (checkpoint !== false && !recover) {
+			throw new TypeError('middleware: a route with a checkpoint needs a recover handler (recover: (req, res, next) => ...), ' +
+				'which answers a retry after the attempt that wrote the checkpoint died');
+		}
+		if (typeof store !== 'function') {
+			throw new TypeError('middleware: store must be a function of the status');
+		}
+		this.client = client;
+		this.operation = operation;
+		this.fingerprint = fingerprinter(fingerprint);
+		this.keep = replayHeaders.map((h) => h.toLowerCase());
+		this.store = store;
+		this.recover = recover ?? null;
+		this.onStoreError = onStoreError;
+		this.typeOf = problemTypeOf({ problemType, problemTypeBase });
+		this.log = { ...client.log, ...(options.log ?? {}) };
+		this.checkpointState = checkpoint === true ? (req, key) => ({ idempotency_key: key })
+			: typeof checkpoint === 'function' ? checkpoint : null;
+		this.beginOptions = Object.fromEntries(Object.entries({
+			inFlight, lease, ttl, takeover, remember, onOutcome,
+			waitTimeout: waitTimeout === undefined || waitTimeout === null ? undefined : milliseconds(waitTimeout),
+		}).filter(([, v]) => v !== undefined));
+		// the mean duration of this route's stored attempts, in seconds
+		// (exponentially weighted), for Retry-After; null before the first
+		this.expected = null;
+		const checkKey = idempotencyKey({ header, required, problemType: this.typeOf });
+		this.handler = (req, res, next) => {
+			checkKey(req, res, (err) => {
+				if (err) {
+					return next(err);
+				}
+				this.handle(req, res, next).catch(next);
+				return undefined;
+			});
+		};
 	}
 
-	async function handle(req, res, next) {
+	measure(seconds) {
+		this.expected = this.expected === null ? seconds : 0.8 * this.expected + 0.2 * seconds;
+	}
+
+	sendProblem(res, p) {
+		sendProblem(res, p, { problemType: this.typeOf });
+	}
+
+	// the stored answer of a key whose handler ran but whose response could
+	// not be stored: every retry gets it
+	notStoredRecord() {
+		const p = problem(410, 'response-not-stored',
+			'The request with this Idempotency-Key was processed, but its response could not be stored. ' +
+			'Do not retry it; a new request needs a new key.');
+		return { status: 410, headers: { 'content-type': PROBLEM_TYPE }, text: problemText(p, this.typeOf) };
+	}
+
+	async handle(req, res, next) {
 		const key = req.idempotencyKey;
 		if (key === null) {
+			req.idempotency = null;
 			return next();	// required: false, and no key: no idempotency
 		}
 		let requestFingerprint;
 		try {
-			requestFingerprint = fp(req);
+			requestFingerprint = this.fingerprint(req);
 		} catch (err) {
 			if (!(err instanceof TypeError)) {
 				throw err;
 			}
-			return sendProblem(res, problem(400, 'invalid-request', `The request cannot be fingerprinted: ${err.message}.`),
-				{ problemType });
+			return this.sendProblem(res, problem(400, 'invalid-request', `The request cannot be fingerprinted: ${err.message}.`));
 		}
 		let claim;
 		try {
-			claim = await client.begin(operation, key, requestFingerprint, {
-				...beginOptions,
-				...(checkpointState ? { checkpoint: checkpointState(req, key) } : {}),
+			claim = await this.client.begin(this.operation, key, requestFingerprint, {
+				...this.beginOptions,
+				...(this.checkpointState ? { checkpoint: this.checkpointState(req, key) } : {}),
 			});
 		} catch (err) {
-			return sendError(client, res, err, { operation, key, problemType, log });
+			if (this.onStoreError === 'run' && errors.isUnreachable(err)) {
+				this.log.error(`idempotency-pg: ${this.operation} ${JSON.stringify(key)}: the database cannot be reached; ` +
+					"the handler runs without idempotency (onStoreError: 'run'):", err.code ?? '', err.message);
+				req.idempotency = null;
+				return next();
+			}
+			return sendError(this.client, res, err, {
+				operation: this.operation, key, problemType: this.typeOf, expected: this.expected ?? 0, log: this.log,
+			});
 		}
 		if (claim.status === 'replay') {
 			return sendStored(res, claim.response ?? {}, true);
 		}
-		attach(req, res, claim, { keep, store, problemType, log });
+		const attempt = new Attempt(this, req, res, claim);
+		if (claim.status === 'recover' && !this.recover) {
+			return attempt.terminal();
+		}
+		attempt.capture();
+		if (claim.status === 'recover') {
+			return Promise.resolve(this.recover(req, res, next)).catch(next);
+		}
 		return next();
 	}
-
-	return function idempotencyMiddleware(req, res, next) {
-		checkKey(req, res, (err) => {
-			if (err) {
-				return next(err);
-			}
-			handle(req, res, next).catch(next);
-			return undefined;
-		});
-	};
 }
 
-// sendError(client, res, err, { operation, key, problemType, log }): the
-// problem for err, with a Retry-After from the claim's lease for a 409
-async function sendError(client, res, err, { operation, key, problemType, log = client.log } = {}) {
-	const e = errors.translate(err, { operation, key });
-	let retryAfter = 1;
-	if (e instanceof errors.InProgressError && operation && key) {
-		try {
-			retryAfter = await client.retryAfter(operation, key);
-		} catch (inspectError) {
-			log.error('idempotency-pg: reading the lease for Retry-After failed:', inspectError.message);
+const CAPTURED = ['writeHead', 'write', 'end', 'flushHeaders'];
+
+// One request that holds the key.
+class Attempt {
+	constructor(route, req, res, claim) {
+		this.route = route;
+		this.req = req;
+		this.res = res;
+		this.claim = claim;
+		this.chunks = [];
+		this.done = false;
+		this.started = process.hrtime.bigint();
+		this.saved = {};
+	}
+
+	get log() {
+		return this.route.log;
+	}
+
+	// Hold back whatever the handler sends until it is stored.
+	capture() {
+		const { res, claim } = this;
+		for (const name of CAPTURED) {
+			this.saved[name] = Object.hasOwn(res, name) ? { own: res[name] } : null;
+		}
+		res.writeHead = (statusCode, reason, headers) => {
+			if (typeof reason !== 'string') {
+				headers = reason;
+			} else {
+				res.statusMessage = reason;
+			}
+			res.statusCode = statusCode;
+			if (Array.isArray(headers)) {
+				for (let i = 0; i + 1 < headers.length; i += 2) {
+					res.setHeader(headers[i], headers[i + 1]);
+				}
+			} else if (headers) {
+				for (const [name, value] of Object.entries(headers)) {
+					res.setHeader(name, value);
+				}
+			}
+			return res;
+		};
+		res.write = (chunk, encoding, cb) => {
+			if (typeof encoding === 'function') {
+				[cb, encoding] = [encoding, undefined];
+			}
+			this.push(chunk, encoding);
+			if (cb) {
+				process.nextTick(cb);
+			}
+			return true;
+		};
+		res.end = (chunk, encoding, cb) => {
+			if (typeof chunk === 'function') {
+				[cb, chunk, encoding] = [chunk, undefined, undefined];
+			} else if (typeof encoding === 'function') {
+				[cb, encoding] = [encoding, undefined];
+			}
+			this.push(chunk, encoding);
+			this.complete(cb).catch((err) => this.log.error('idempotency-pg:', err));
+			return res;
+		};
+		res.flushHeaders = () => {};
+		const attempt = this;
+		this.req.idempotency = {
+			key: claim.key,
+			operation: claim.operation,
+			status: claim.status,
+			recovered: claim.status === 'recover' ? claim.response : null,
+			claim,
+			get token() { return claim.token; },
+			respond: (response, options) => attempt.respond(response, options),
+			checkpoint: (state) => {
+				if (!attempt.route.recover) {
+					throw new Error(`idempotency-pg: ${claim.operation}: a checkpoint needs a recover handler on the route`);
+				}
+				return claim.checkpoint(state);
+			},
+		};
+	}
+
+	restore() {
+		for (const name of CAPTURED) {
+			if (this.saved[name]) {
+				this.res[name] = this.saved[name].own;
+			} else {
+				delete this.res[name];
+			}
 		}
 	}
-	const p = problemFor(e, { retryAfter });
-	if (p.status >= 500) {
-		log.error(`idempotency-pg: ${operation} ${JSON.stringify(key)}:`, e.code ?? '', e.message);
-	}
-	if (!res.headersSent) {
-		sendProblem(res, p, { problemType });
-	}
-}
 
-// The handler holds the key: req.idempotency, and res.end watched, so that
-// whatever the handler sends is stored (or the claim aborted) before it
-// leaves.
-function attach(req, res, claim, { keep, store, problemType, log }) {
-	const originalEnd = res.end;
-	let settled = false;
-	const done = () => { settled = true; res.end = originalEnd; };
+	push(chunk, encoding) {
+		if (chunk === undefined || chunk === null) {
+			return;
+		}
+		this.chunks.push(typeof chunk === 'string' ? Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8')
+			: Buffer.from(chunk));
+	}
 
-	async function respond(response, { effect } = {}) {
-		if (settled) {
+	// the record of a response: the allow-listed headers (lower case), the
+	// content type, and the body as sent (text, or base64 when it is not
+	// UTF-8 text jsonb can hold)
+	record(status, headers, bytes) {
+		const record = { status, headers: {} };
+		for (const name of [...this.route.keep, 'content-type']) {
+			const value = headers(name);
+			if (value !== undefined && value !== null) {
+				record.headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
+			}
+		}
+		const text = bytes.toString('utf8');
+		if (!text.includes('\u0000') && Buffer.from(text, 'utf8').equals(bytes)) {
+			record.text = text;
+		} else {
+			record.base64 = bytes.toString('base64');
+		}
+		return record;
+	}
+
+	// Store the record (and run the effect with it).  -> 'stored'; 'not
+	// stored' (the key is completed with the response-not-stored answer);
+	// 'lost' (IK412: another attempt holds the key); 'failed' (the effect
+	// failed: nothing happened, the claim is released); 'unstored' (nothing
+	// could be written: the claim is given up).
+	async save(record, effect) {
+		const { claim, log } = this;
+		const where = `idempotency-pg: ${claim.operation} ${JSON.stringify(claim.key)}`;
+		try {
+			await claim.finish(record, { effect });
+			this.route.measure(Number(process.hrtime.bigint() - this.started) / 1e9);
+			return 'stored';
+		} catch (err) {
+			if (err instanceof errors.LostClaimError) {
+				log.error(`${where}: the attempt lost its claim before storing its response:`, err.message);
+				return 'lost';
+			}
+			log.error(`${where}: the response was not stored:`, err.code ?? '', err.message);
+			if (!claim.pending) {
+				return 'unstored';
+			}
+		}
+		try {
+			await claim.finish(this.route.notStoredRecord(), { effect });
+			return 'not stored';
+		} catch (err) {
+			if (effect && claim.pending && errors.isServerError(err)) {
+				// the effect's statement itself fails: it did not happen
+				log.error(`${where}: the effect failed, the claim is released:`, err.code ?? '', err.message);
+				await claim.abort().catch((e) => log.error(`${where}: idem_abort failed:`, e.code ?? '', e.message));
+				return 'failed';
+			}
+			log.error(`${where}: not even the response-not-stored answer could be stored; the claim is given up:`,
+				err.code ?? '', err.message);
+			claim.release({ close: true });
+			return 'unstored';
+		}
+	}
+
+	// what the handler sent, once it ended the response
+	async complete(cb) {
+		if (this.done) {
+			return;
+		}
+		this.done = true;
+		const { res, claim, log } = this;
+		const status = res.statusCode;
+		const bytes = Buffer.concat(this.chunks);
+		let keep;
+		try {
+			keep = this.route.store(status);
+		} catch (err) {
+			log.error('idempotency-pg: the store option failed:', err);
+			keep = false;
+		}
+		if (!keep) {
+			// errors are not cached: release the key before the client can retry
+			await claim.abort().catch((err) => log.error(`idempotency-pg: idem_abort failed for ${JSON.stringify(claim.key)}:`,
+				err.code ?? '', err.message));
+			this.restore();
+			res.end(bytes, cb);
+			return;
+		}
+		let outcome;
+		try {
+			outcome = await this.save(this.record(status, (name) => res.getHeader(name), bytes), undefined);
+		} catch (err) {
+			log.error('idempotency-pg:', err);
+			outcome = 'unstored';
+		}
+		this.restore();
+		if (outcome === 'stored' || outcome === 'not stored') {
+			res.end(bytes, cb);
+		} else {
+			this.route.sendProblem(res, this.notStoredProblem());
+			cb?.();
+		}
+	}
+
+	notStoredProblem() {
+		return problem(500, 'response-not-stored', 'The request was processed, but its response could not be stored. ' +
+			'Retry with the same key.');
+	}
+
+	// req.idempotency.respond(response, { effect }): store the response (and
+	// run the effect in the same statement), then send it.  -> the stored
+	// record, or null when it could not be stored (then 500 or, when the
+	// effect failed, 500 internal-error is sent).
+	async respond(response, { effect } = {}) {
+		if (this.done) {
 			throw new Error('idempotency-pg: the response was sent already');
 		}
-		done();
-		let stored;
-		try {
-			stored = await claim.finish(response, { effect });
-		} catch (err) {
-			if (claim.pending) {
-				claim.release({ close: true });	// an input error: give the claim up
-			}
-			log.error(`idempotency-pg: ${claim.operation} ${JSON.stringify(claim.key)}: the response was not stored:`,
-				err.code ?? '', err.message);
-			sendProblem(res, problemFor(errors.translate(err, claim)), { problemType });
-			return null;
+		this.done = true;
+		this.restore();
+		const headers = Object.fromEntries(Object.entries(response.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]));
+		const text = typeof response.text === 'string' ? response.text
+			: response.body === undefined ? '' : JSON.stringify(response.body);
+		const record = this.record(response.status ?? 200, (name) => headers[name], Buffer.from(text, 'utf8'));
+		const outcome = await this.save(record, effect);
+		if (outcome === 'stored' || outcome === 'not stored') {
+			sendStored(this.res, record, false);
+			return outcome === 'stored' ? record : null;
 		}
-		sendStored(res, stored, false);
-		return stored;
+		this.route.sendProblem(this.res, outcome === 'failed'
+			? problem(500, 'internal-error', 'The server could not complete the request.') : this.notStoredProblem());
+		return null;
 	}
 
-	req.idempotency = {
-		key: claim.key,
-		operation: claim.operation,
-		status: claim.status,
-		recovered: claim.status === 'recover' ? claim.response : null,
-		claim,
-		get token() { return claim.token; },
-		respond,
-		checkpoint: (state) => claim.checkpoint(state),
-	};
-
-	res.end = function end(chunk, encoding, cb) {
-		if (settled) {
-			return originalEnd.call(this, chunk, encoding, cb);
+	// 'recover' on a route without a recover handler (a checkpoint that other
+	// code wrote): complete the key with the response-not-stored answer
+	async terminal() {
+		this.done = true;
+		const record = this.route.notStoredRecord();
+		const outcome = await this.save(record, undefined);
+		if (outcome === 'stored' || outcome === 'not stored') {
+			return sendStored(this.res, record, false);
 		}
-		if (typeof chunk === 'function') {
-			[cb, chunk, encoding] = [chunk, undefined, undefined];
-		} else if (typeof encoding === 'function') {
-			[cb, encoding] = [encoding, undefined];
-		}
-		const status = res.statusCode;
-		if (res.headersSent || !store(status)) {
-			// not stored (an error, or streamed with res.write): release the
-			// key before the client can retry
-			if (res.headersSent && store(status)) {
-				log.error(`idempotency-pg: ${claim.operation} ${JSON.stringify(claim.key)}: a streamed response cannot be stored; the claim is aborted`);
-			}
-			done();
-			claim.abort()
-				.catch((err) => log.error(`idempotency-pg: idem_abort failed for ${JSON.stringify(claim.key)}:`, err.code ?? '', err.message))
-				.finally(() => originalEnd.call(res, chunk, encoding, cb));
-			return res;
-		}
-		const response = { status, headers: {} };
-		for (const name of keep) {
-			const value = res.getHeader(name);
-			if (value !== undefined) {
-				response.headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
-			}
-		}
-		const type = res.getHeader('content-type');
-		const text = chunk === undefined || chunk === null ? ''
-			: Buffer.isBuffer(chunk) ? chunk.toString('utf8') : String(chunk);
-		let parsed = false;
-		if (type === undefined || /[/+]json\b/i.test(String(type))) {
-			try {
-				response.body = text === '' ? null : JSON.parse(text);
-				parsed = true;
-			} catch {
-				// not JSON after all: stored as text
-			}
-		}
-		if (!parsed) {
-			response.text = text;
-		}
-		if (type !== undefined && String(type).toLowerCase() !== JSON_TYPE) {
-			response.headers['content-type'] = String(type);
-		}
-		respond(response).catch((err) => log.error('idempotency-pg:', err)).finally(() => cb?.());
-		return res;
-	};
+		return this.route.sendProblem(this.res, this.notStoredProblem());
+	}
 }
 
-module.exports = { middleware, idempotencyKey, sendStored, sendProblem, sendError, problemFor, problem, TITLES };
+// middleware(client, options): idem.middleware(options)
+function middleware(client, options) {
+	return new IdempotentRoute(client, options).handler;
+}
+
+module.exports = {
+	IdempotentRoute, middleware, idempotencyKey, sendStored, sendProblem, sendError, problemFor, problem, TITLES,
+	PROBLEM_TYPE_BASE,
+};

@@ -11,7 +11,7 @@ const { randomUUID } = require('node:crypto');
 const pg = require('pg');
 
 const {
-	IdempotencyClient, InProgressError, KeyReuseError, FencedError, ExpiredError, InputError,
+	IdempotencyClient, InProgressError, WaitTimeoutError, KeyReuseError, FencedError, ExpiredError, InputError,
 	ResponseTooLargeError, IdempotencyError, fingerprint,
 } = require('..');
 const { scratchDatabase, sleep } = require('./db');
@@ -89,8 +89,13 @@ test('in_flight raise: InProgressError (IK409) with the key; wait: the duplicate
 	assert.equal(err.code, 'IK409');
 	assert.equal(err.key, key);
 	assert.equal(err.operation, 'op.test');
-	const seconds = await idem.retryAfter('op.test', key);
-	assert.ok(seconds >= 19 && seconds <= 20, `Retry-After from the lease end: ${seconds}`);
+	// Retry-After: the expected duration less the time the claim has run,
+	// never past the lease's end, at least 1
+	assert.equal(await idem.retryAfter('op.test', key), 1, 'no expected duration: 1');
+	const capped = await idem.retryAfter('op.test', key, 3600);
+	assert.ok(capped >= 19 && capped <= 20, `capped at the lease end: ${capped}`);
+	const expected = await idem.retryAfter('op.test', key, 10);
+	assert.ok(expected >= 9 && expected <= 10, `10 s expected: ${expected}`);
 
 	const waiting = idem.begin('op.test', key, ['x'], { inFlight: 'wait' });
 	await sleep(100);
@@ -153,7 +158,7 @@ test('input errors: 22023 (empty key, a key over 255 characters, a bad policy), 
 	const claim = await small.begin('op.test', key, null);
 	const err = await claim.finish({ big: 'x'.repeat(5000) }).catch((e) => e);
 	assert.ok(err instanceof ResponseTooLargeError, String(err));
-	assert.ok(err instanceof InputError);
+	assert.ok(err instanceof IdempotencyError);
 	assert.equal(err.sqlstate, '54000');
 	assert.ok(claim.pending, 'an input error keeps the claim');
 	assert.deepEqual(await claim.finish({ ref: 'blob-1' }), { ref: 'blob-1' });
@@ -220,4 +225,23 @@ test('renew extends the lease; onOutcome counted every outcome', async () => {
 	for (const outcome of ['new', 'replay', 'recover', 'in_progress', 'key_reuse', 'expired']) {
 		assert.ok(outcomes.includes(`op.test:${outcome}`), `${outcome} was reported: ${outcomes.join(' ')}`);
 	}
+});
+
+test('waitTimeout: WaitTimeoutError (an InProgressError) after the wait, and the connection keeps its own statement_timeout', async () => {
+	const one = s.pool({ max: 1 });
+	const client = new IdempotencyClient(one, { waitTimeout: 200 });
+	const key = newKey('waittimeout');
+	const claim = await idem.begin('op.test', key, ['x'], { lease: '20 s' });
+	const err = await client.begin('op.test', key, ['x']).catch((e) => e);
+	assert.ok(err instanceof WaitTimeoutError, String(err));
+	assert.ok(err instanceof InProgressError);
+	assert.equal(err.sqlstate, '57014');
+	const { rows } = await one.query('SHOW statement_timeout');
+	assert.equal(rows[0].statement_timeout, '0', 'the pooled connection has its own statement_timeout back');
+	const quick = await client.begin('op.test', key, ['x'], { waitTimeout: '1 min', inFlight: 'raise' }).catch((e) => e);
+	assert.ok(quick instanceof InProgressError && !(quick instanceof WaitTimeoutError), String(quick));
+	await claim.finish({ done: true });
+	const replay = await client.begin('op.test', key, ['x']);
+	assert.equal(replay.status, 'replay');
+	assert.equal((await one.query('SHOW statement_timeout')).rows[0].statement_timeout, '0');
 });
