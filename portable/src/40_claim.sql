@@ -1,0 +1,519 @@
+/*
+ * 40_claim.sql: the claim logic -- idem_begin, idem_finish, idem_abort,
+ * idem_renew, idem_checkpoint and idem_forget -- with the rules and the
+ * errors of the C edition (src/claim.c):
+ *
+ *	absent or expired			claim it: status 'new' with a fresh token, or
+ *								'recover' when it takes over a claim that
+ *								has a checkpoint
+ *	live, other fingerprint		IK422
+ *	pending, ours				IK409 (a transaction never waits on itself)
+ *	pending, another's			raise: IK409; wait: sleep until its finish,
+ *								abort, rollback or lease end, then look again
+ *	completed					'replay' -- or 40001 when a REPEATABLE READ
+ *								snapshot cannot see that result
+ *	completed, past its ttl		IK410
+ *	but remembered
+ *
+ * Every function runs with the caller's rights: the calling role is the
+ * records' namespace, and row-level security keeps it to its own rows.
+ * No lock is held per key until commit (a transaction may claim any
+ * number of keys); how waiting works is in 30_wait.sql.
+ */
+
+/* ---- errors ---- */
+
+/* A fingerprint for a message: hex, whole up to 64 bytes, cut beyond */
+CREATE FUNCTION @extschema@._idem_fingerprint_text(fp pg_catalog.bytea)
+RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE
+		WHEN fp IS NULL THEN 'NULL'
+		WHEN length(fp) > 64
+		THEN '\x' || encode(substr(fp, 1, 64), 'hex') || format('... (%s bytes)', length(fp))
+		ELSE '\x' || encode(fp, 'hex') END
+$$;
+
+CREATE FUNCTION @extschema@._idem_check_fingerprint(key pg_catalog.text, stored pg_catalog.bytea,
+													fingerprint pg_catalog.bytea)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $_idem_check_fingerprint$
+BEGIN
+	IF stored IS NOT DISTINCT FROM fingerprint THEN
+		RETURN;
+	END IF;
+	RAISE EXCEPTION 'idempotency key "%" was already used for a different request', key
+		USING ERRCODE = 'IK422',
+			  DETAIL = format('Stored fingerprint: %s. Request fingerprint: %s.',
+							  _idem_fingerprint_text(stored), _idem_fingerprint_text(fingerprint)),
+			  HINT = 'Use a new key for a new request.';
+END
+$_idem_check_fingerprint$;
+
+CREATE FUNCTION @extschema@._idem_raise_in_progress(operation pg_catalog.text, key pg_catalog.text,
+													ours pg_catalog.bool)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $_idem_raise_in_progress$
+BEGIN
+	IF ours THEN
+		RAISE EXCEPTION 'request with idempotency key "%" is already in progress', key
+			USING ERRCODE = 'IK409',
+				  DETAIL = format('This transaction already holds the key for operation "%s".', operation);
+	END IF;
+	RAISE EXCEPTION 'request with idempotency key "%" is already in progress', key
+		USING ERRCODE = 'IK409',
+			  DETAIL = format('Another attempt holds the key for operation "%s".', operation),
+			  HINT = 'Retry after the other attempt has finished.';
+END
+$_idem_raise_in_progress$;
+
+/*
+ * IK412 for a token that does not hold the key; the DETAIL says what the
+ * key's record shows, looked up once more for the message
+ */
+CREATE FUNCTION @extschema@._idem_raise_stale_token(operation pg_catalog.text, key pg_catalog.text,
+													token pg_catalog.int8)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $_idem_raise_stale_token$
+DECLARE
+	r record;
+	detail text;
+BEGIN
+	SELECT t.token, t.completed_at INTO r FROM idem_record t
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = _idem_raise_stale_token.operation
+	   AND t.key = _idem_raise_stale_token.key;
+	IF NOT FOUND THEN
+		detail := format('Role "%s" has no record of operation "%s" with this key: '
+						 'the claim was aborted, rolled back or purged after it expired, '
+						 'or the token was never issued for this key.',
+						 current_user, operation);
+	ELSIF r.token > token THEN
+		detail := format('The key is held by a claim with a greater token, now %s: '
+						 'this token''s claim was taken over after its lease lapsed, or was aborted, '
+						 'or the token was never issued for this key.',
+						 CASE WHEN r.completed_at IS NULL THEN 'pending' ELSE 'completed' END);
+	ELSIF r.token < token THEN
+		detail := 'The key''s record has a smaller token: '
+				  'this token was never issued for this key, '
+				  'or the transaction that claimed the key with it rolled back.';
+	ELSIF r.completed_at IS NOT NULL THEN
+		detail := 'The claim was finished already: its response is stored.';
+	ELSE
+		detail := 'The claim was changed by a concurrent transaction.';
+	END IF;
+	RAISE EXCEPTION 'token % does not hold idempotency key "%"', token, key
+		USING ERRCODE = 'IK412', DETAIL = detail;
+END
+$_idem_raise_stale_token$;
+
+/* 22023 for a lease longer than the ttl, showing both */
+CREATE FUNCTION @extschema@._idem_raise_lease_over_ttl(lease pg_catalog.int8, ttl pg_catalog.interval)
+RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $_idem_raise_lease_over_ttl$
+BEGIN
+	RAISE EXCEPTION 'idempotency lease must not be longer than its ttl'
+		USING ERRCODE = '22023',
+			  DETAIL = format('The lease is %s and the ttl is %s.',
+							  make_interval(secs => lease / 1000000.0), ttl);
+END
+$_idem_raise_lease_over_ttl$;
+
+/*
+ * A record's state as idem_begin takes it: pending, lapsed (the next claim
+ * takes it over), completed, remembered or expired.  mine: this
+ * transaction wrote it.
+ */
+CREATE FUNCTION @extschema@._idem_state(completed_at pg_catalog.timestamptz,
+										expires_at pg_catalog.timestamptz,
+										forget_at pg_catalog.timestamptz,
+										holder pg_catalog.int8, mine pg_catalog.bool,
+										now pg_catalog.timestamptz)
+RETURNS pg_catalog.text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+	SELECT CASE
+		WHEN completed_at IS NULL THEN
+			CASE WHEN mine THEN 'pending'
+				 WHEN expires_at <= now THEN 'lapsed'
+				 WHEN holder IS NOT NULL AND NOT _idem_session_alive(holder) THEN 'lapsed'
+				 ELSE 'pending' END
+		WHEN expires_at > now THEN 'completed'
+		WHEN forget_at > now THEN 'remembered'
+		ELSE 'expired' END
+$$;
+
+/* ---- idem_begin ---- */
+
+CREATE FUNCTION @extschema@.idem_begin(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	fingerprint	pg_catalog.bytea,
+	in_flight	pg_catalog.text DEFAULT NULL,
+	lease		pg_catalog.interval DEFAULT NULL,
+	ttl			pg_catalog.interval DEFAULT NULL,
+	takeover	pg_catalog.text DEFAULT NULL,
+	remember	pg_catalog.interval DEFAULT NULL)
+RETURNS @extschema@.idem_claim
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $idem_begin$
+DECLARE
+	op CONSTANT text := idem_begin.operation;
+	k CONSTANT text := idem_begin.key;
+	fp CONSTANT bytea := idem_begin.fingerprint;
+	me regrole;
+	policy text;
+	take text;
+	lease_us bigint;
+	ttl_iv interval;
+	ttl_us bigint;
+	remember_us bigint;
+	r record;
+	now timestamptz;
+	state text;
+	mine bool;
+	probed bool := false;
+	lock_deadline timestamptz;
+	new_token bigint;
+	new_checkpoint jsonb;
+	saved_lock_timeout text;
+BEGIN
+	PERFORM _idem_check_name(op, 'operation'), _idem_check_name(k, 'key');
+	IF length(fp) > 1024 THEN
+		RAISE EXCEPTION 'argument "%" is too long', 'fingerprint'
+			USING ERRCODE = '22023',
+				  DETAIL = format('It has %s bytes; at most %s are allowed.', length(fp), 1024),
+				  HINT = 'Pass a hash of the request, such as idem_fingerprint(...).';
+	END IF;
+
+	/* the arguments, or the settings that give their defaults */
+	policy := coalesce(lower(in_flight),
+					   _idem_setting_word('idempotency.in_flight', '{wait,raise}'), 'wait');
+	IF policy NOT IN ('wait', 'raise') THEN
+		RAISE EXCEPTION 'unknown in_flight policy "%"', in_flight
+			USING ERRCODE = '22023', HINT = 'Use ''wait'' or ''raise''.';
+	END IF;
+	take := coalesce(lower(takeover),
+					 _idem_setting_word('idempotency.takeover', '{lease,session}'), 'lease');
+	IF take NOT IN ('lease', 'session') THEN
+		RAISE EXCEPTION 'unknown takeover policy "%"', takeover
+			USING ERRCODE = '22023', HINT = 'Use ''lease'' or ''session''.';
+	END IF;
+	lease_us := coalesce(_idem_usecs(lease, 'lease'),
+						 _idem_setting_number('idempotency.lease', 'ms', 1000, 2147483647000),
+						 30000000);
+	ttl_iv := coalesce(ttl, make_interval(secs =>
+		coalesce(_idem_setting_number('idempotency.ttl', 's', 60000000, 2147483647000000),
+				 86400000000) / 1000000.0));
+	ttl_us := _idem_usecs(ttl_iv, 'ttl');
+	remember_us := coalesce(_idem_usecs(remember, 'remember'),
+							_idem_setting_number('idempotency.remember', 's', 0, 2147483647000000),
+							0);
+	IF remember_us < 0 THEN
+		RAISE EXCEPTION 'idempotency remember must not be negative' USING ERRCODE = '22023';
+	END IF;
+	IF lease_us <= 0 THEN
+		RAISE EXCEPTION 'idempotency lease must be positive' USING ERRCODE = '22023';
+	END IF;
+	IF ttl_us < 60000000 THEN
+		RAISE EXCEPTION 'idempotency ttl must be at least 1 minute' USING ERRCODE = '22023';
+	END IF;
+	IF lease_us > ttl_us THEN
+		PERFORM _idem_raise_lease_over_ttl(lease_us, ttl_iv);
+	END IF;
+	/* a default shorter than the ttl adds nothing; an argument that says so is an error */
+	IF remember_us <> 0 AND remember_us < ttl_us AND remember IS NULL THEN
+		remember_us := 0;
+	END IF;
+	IF remember_us <> 0 AND remember_us < ttl_us THEN
+		RAISE EXCEPTION 'idempotency remember must not be shorter than its ttl'
+			USING ERRCODE = '22023',
+				  DETAIL = 'A key is remembered from its completion, after its response has been kept for the ttl.';
+	END IF;
+	PERFORM _idem_check_writable('idem_begin()');
+
+	me := quote_ident(current_user)::regrole;
+	LOOP
+		now := clock_timestamp();
+		SELECT t.token, t.fingerprint, t.completed_at, t.expires_at, t.response, t.holder,
+			   t.checkpoint, t.forget_at, t.waker, t.writer,
+			   t.xmax::text <> '0' AS busy
+		  INTO r
+		  FROM idem_record t
+		 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k;
+
+		IF NOT FOUND THEN
+			/*
+			 * Absent: insert.  A transaction inserting the same key makes
+			 * the insert wait for its end (raise: at most a millisecond);
+			 * a committed record makes it do nothing: look again.
+			 */
+			IF policy = 'wait' THEN
+				INSERT INTO idem_record AS t
+					(role_id, operation, key, token, fingerprint, ttl, created_at,
+					 expires_at, holder, forget_at, waker, writer)
+				VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
+						now + make_interval(secs => lease_us / 1000000.0),
+						CASE WHEN take = 'session' THEN _idem_session_holder() END,
+						CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+						pg_backend_pid(), pg_current_xact_id())
+				ON CONFLICT DO NOTHING
+				RETURNING t.token INTO new_token;
+			ELSE
+				saved_lock_timeout := current_setting('lock_timeout');
+				BEGIN
+					PERFORM set_config('lock_timeout', '1', true);
+					INSERT INTO idem_record AS t
+						(role_id, operation, key, token, fingerprint, ttl, created_at,
+						 expires_at, holder, forget_at, waker, writer)
+					VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
+							now + make_interval(secs => lease_us / 1000000.0),
+							CASE WHEN take = 'session' THEN _idem_session_holder() END,
+							CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+							pg_backend_pid(), pg_current_xact_id())
+					ON CONFLICT DO NOTHING
+					RETURNING t.token INTO new_token;
+					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+				EXCEPTION WHEN lock_not_available THEN
+					/* another transaction is inserting it */
+					PERFORM _idem_raise_in_progress(op, k, false);
+				END;
+			END IF;
+			IF new_token IS NULL THEN
+				CONTINUE;
+			END IF;
+			PERFORM _idem_hold_wake_lock();
+			RETURN ROW('new', new_token, NULL)::idem_claim;
+		END IF;
+
+		mine := r.writer = pg_current_xact_id_if_assigned();
+		state := _idem_state(r.completed_at, r.expires_at, r.forget_at, r.holder,
+							 coalesce(mine, false), now);
+
+		IF state IN ('pending', 'completed') THEN
+			PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
+			IF state = 'completed' THEN
+				RETURN ROW('replay', NULL, r.response)::idem_claim;
+			END IF;
+			IF mine THEN
+				PERFORM _idem_raise_in_progress(op, k, true);
+			END IF;
+			IF policy = 'raise' THEN
+				PERFORM _idem_raise_in_progress(op, k, false);
+			END IF;
+			/* wait: for a transaction writing it, or for the claim's end */
+			IF r.busy AND NOT probed THEN
+				PERFORM _idem_wait_for_writer(me, op, k);
+				probed := true;
+				CONTINUE;
+			END IF;
+			IF lock_deadline IS NULL AND current_setting('lock_timeout') NOT IN ('0', '0ms') THEN
+				lock_deadline := now + current_setting('lock_timeout')::interval;
+			END IF;
+			PERFORM _idem_wait_for_claim(r.waker, r.expires_at, lock_deadline);
+			IF current_setting('transaction_isolation') <> 'read committed' THEN
+				/* no fresh snapshot: a newer version is a serialization failure */
+				PERFORM _idem_wait_for_writer(me, op, k);
+			END IF;
+			probed := false;
+			CONTINUE;
+		END IF;
+
+		IF state = 'remembered' THEN
+			PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
+			RAISE EXCEPTION 'request with idempotency key "%" was completed, and its stored response has expired', k
+				USING ERRCODE = 'IK410',
+					  DETAIL = format('It was completed at %s; its response was kept until %s, the key is remembered until %s.',
+									  r.completed_at, r.expires_at, r.forget_at),
+					  HINT = 'Do not run the request again; use a new key for a new request.';
+		END IF;
+
+		/*
+		 * Lapsed or expired: take it over, if it is still the version we
+		 * looked at (an update waits for a transaction writing it, then
+		 * finds the row changed and looks again).  raise: not if another
+		 * transaction is writing it.
+		 */
+		IF policy = 'raise' AND r.busy THEN
+			PERFORM FROM idem_record t
+			 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k
+			   FOR UPDATE SKIP LOCKED;
+			IF NOT FOUND THEN
+				PERFORM _idem_raise_in_progress(op, k, false);
+			END IF;
+		END IF;
+		UPDATE idem_record t
+		   SET token = greatest(nextval('idem_token_seq'), t.token + 1),
+			   fingerprint = fp, ttl = ttl_iv, created_at = now, completed_at = NULL,
+			   expires_at = now + make_interval(secs => lease_us / 1000000.0),
+			   response = NULL,
+			   holder = CASE WHEN take = 'session' THEN _idem_session_holder() END,
+			   checkpoint = CASE WHEN t.completed_at IS NULL THEN t.checkpoint END,
+			   takeovers = CASE WHEN t.completed_at IS NULL THEN t.takeovers + 1 ELSE 0 END,
+			   forget_at = CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+			   waker = pg_backend_pid(), writer = pg_current_xact_id()
+		 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k
+		   AND t.token = r.token AND t.expires_at = r.expires_at
+		   AND t.completed_at IS NOT DISTINCT FROM r.completed_at
+		RETURNING t.token, t.checkpoint INTO new_token, new_checkpoint;
+		IF NOT FOUND THEN
+			CONTINUE;			/* changed meanwhile: look again */
+		END IF;
+		PERFORM _idem_hold_wake_lock();
+		RETURN ROW(CASE WHEN new_checkpoint IS NULL THEN 'new' ELSE 'recover' END,
+				   new_token, new_checkpoint)::idem_claim;
+	END LOOP;
+END
+$idem_begin$;
+
+/* ---- idem_finish, idem_abort, idem_renew, idem_checkpoint ---- */
+
+CREATE FUNCTION @extschema@.idem_finish(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	token		pg_catalog.int8,
+	response	pg_catalog.jsonb)
+RETURNS pg_catalog.void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $idem_finish$
+DECLARE
+	now CONSTANT timestamptz := clock_timestamp();
+	w int;
+BEGIN
+	PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+			_idem_require(token IS NULL, 'token'), _idem_check_response(response, 'response'),
+			_idem_check_writable('idem_finish()');
+	UPDATE idem_record t
+	   SET completed_at = now,
+		   expires_at = now + make_interval(secs => _idem_usecs(t.ttl, 'ttl') / 1000000.0),
+		   response = idem_finish.response, checkpoint = NULL, holder = NULL,
+		   forget_at = now + (t.forget_at - t.created_at),
+		   writer = pg_current_xact_id()
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_finish.operation AND t.key = idem_finish.key
+	   AND t.token = idem_finish.token AND t.completed_at IS NULL
+	RETURNING t.waker INTO w;
+	IF NOT FOUND THEN
+		PERFORM _idem_raise_stale_token(operation, key, token);
+	END IF;
+	IF w = pg_backend_pid() THEN
+		PERFORM _idem_wake_waiters();
+	END IF;
+END
+$idem_finish$;
+
+CREATE FUNCTION @extschema@.idem_abort(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	token		pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $idem_abort$
+DECLARE
+	w int;
+BEGIN
+	PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+			_idem_require(token IS NULL, 'token'), _idem_check_writable('idem_abort()');
+	DELETE FROM idem_record t
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_abort.operation AND t.key = idem_abort.key
+	   AND t.token = idem_abort.token AND t.completed_at IS NULL
+	RETURNING t.waker INTO w;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	IF w = pg_backend_pid() THEN
+		PERFORM _idem_wake_waiters();
+	END IF;
+	RETURN true;
+END
+$idem_abort$;
+
+CREATE FUNCTION @extschema@.idem_renew(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	token		pg_catalog.int8,
+	lease		pg_catalog.interval)
+RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $idem_renew$
+DECLARE
+	lease_us bigint;
+	r record;
+BEGIN
+	PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+			_idem_require(token IS NULL, 'token'), _idem_require(lease IS NULL, 'lease');
+	lease_us := _idem_usecs(lease, 'lease');
+	IF lease_us <= 0 THEN
+		RAISE EXCEPTION 'idempotency lease must be positive' USING ERRCODE = '22023';
+	END IF;
+	PERFORM _idem_check_writable('idem_renew()');
+	SELECT t.ttl INTO r FROM idem_record t
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_renew.operation AND t.key = idem_renew.key
+	   AND t.token = idem_renew.token AND t.completed_at IS NULL;
+	IF FOUND AND lease_us > _idem_usecs(r.ttl, 'ttl') THEN
+		PERFORM _idem_raise_lease_over_ttl(lease_us, r.ttl);
+	END IF;
+	UPDATE idem_record t
+	   SET expires_at = clock_timestamp() + make_interval(secs => lease_us / 1000000.0),
+		   writer = pg_current_xact_id()
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_renew.operation AND t.key = idem_renew.key
+	   AND t.token = idem_renew.token AND t.completed_at IS NULL
+	RETURNING t.expires_at, t.ttl INTO r;
+	IF NOT FOUND THEN
+		PERFORM _idem_raise_stale_token(operation, key, token);
+	END IF;
+	RETURN r.expires_at;
+END
+$idem_renew$;
+
+CREATE FUNCTION @extschema@.idem_checkpoint(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	token		pg_catalog.int8,
+	state		pg_catalog.jsonb)
+RETURNS pg_catalog.void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $idem_checkpoint$
+BEGIN
+	PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+			_idem_require(token IS NULL, 'token'), _idem_check_response(state, 'state'),
+			_idem_check_writable('idem_checkpoint()');
+	UPDATE idem_record t
+	   SET checkpoint = idem_checkpoint.state, writer = pg_current_xact_id()
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_checkpoint.operation AND t.key = idem_checkpoint.key
+	   AND t.token = idem_checkpoint.token AND t.completed_at IS NULL;
+	IF NOT FOUND THEN
+		PERFORM _idem_raise_stale_token(operation, key, token);
+	END IF;
+END
+$idem_checkpoint$;
+
+GRANT EXECUTE ON FUNCTION
+	@extschema@.idem_begin(pg_catalog.text, pg_catalog.text, pg_catalog.bytea,
+						   pg_catalog.text, pg_catalog.interval, pg_catalog.interval,
+						   pg_catalog.text, pg_catalog.interval),
+	@extschema@.idem_finish(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb),
+	@extschema@.idem_abort(pg_catalog.text, pg_catalog.text, pg_catalog.int8),
+	@extschema@.idem_renew(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.interval),
+	@extschema@.idem_checkpoint(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb)
+TO PUBLIC;
