@@ -132,6 +132,7 @@ BEGIN
 END
 \$\$;
 CREATE SCHEMA IF NOT EXISTS idempotency;
+GRANT USAGE ON SCHEMA idempotency TO PUBLIC;
 SELECT pg_catalog.to_regprocedure('idempotency.idem_portable_version()') IS NULL AS idem_fresh \gset
 \if :idem_fresh
 EOF
