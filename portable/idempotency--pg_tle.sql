@@ -659,6 +659,27 @@ AS $$
 		ELSE 'expired' END
 $$;
 
+/* Insert a claim of an absent key; NULL when a record is there (committed meanwhile) */
+CREATE FUNCTION @extschema@._idem_insert_claim(me pg_catalog.regrole, op pg_catalog.text,
+	k pg_catalog.text, fp pg_catalog.bytea, ttl_iv pg_catalog.interval,
+	now pg_catalog.timestamptz, lease_us pg_catalog.int8, take pg_catalog.text,
+	remember_us pg_catalog.int8)
+RETURNS pg_catalog.int8
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+	INSERT INTO idem_record AS t
+		(role_id, operation, key, token, fingerprint, ttl, created_at,
+		 expires_at, holder, forget_at, waker, writer)
+	VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
+			now + make_interval(secs => lease_us / 1000000.0),
+			CASE WHEN take = 'session' THEN _idem_session_holder() END,
+			CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+			pg_backend_pid(), pg_current_xact_id())
+	ON CONFLICT DO NOTHING
+	RETURNING t.token
+$$;
+
 /* ---- idem_begin ---- */
 
 CREATE FUNCTION @extschema@.idem_begin(
@@ -762,38 +783,29 @@ BEGIN
 		IF NOT FOUND THEN
 			/*
 			 * Absent: insert.  A transaction inserting the same key makes
-			 * the insert wait for its end (raise: at most a millisecond);
-			 * a committed record makes it do nothing: look again.
+			 * the insert wait for its end (raise: at most a millisecond,
+			 * then IK409); a committed record makes it do nothing: look
+			 * again.  Under REPEATABLE READ a record committed after the
+			 * snapshot is a serialization failure.
 			 */
-			IF policy = 'wait' THEN
-				INSERT INTO idem_record AS t
-					(role_id, operation, key, token, fingerprint, ttl, created_at,
-					 expires_at, holder, forget_at, waker, writer)
-				VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
-						now + make_interval(secs => lease_us / 1000000.0),
-						CASE WHEN take = 'session' THEN _idem_session_holder() END,
-						CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
-						pg_backend_pid(), pg_current_xact_id())
-				ON CONFLICT DO NOTHING
-				RETURNING t.token INTO new_token;
+			IF policy = 'wait' AND current_setting('transaction_isolation') = 'read committed' THEN
+				new_token := _idem_insert_claim(me, op, k, fp, ttl_iv, now, lease_us, take, remember_us);
 			ELSE
 				saved_lock_timeout := current_setting('lock_timeout');
 				BEGIN
-					PERFORM set_config('lock_timeout', '1', true);
-					INSERT INTO idem_record AS t
-						(role_id, operation, key, token, fingerprint, ttl, created_at,
-						 expires_at, holder, forget_at, waker, writer)
-					VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
-							now + make_interval(secs => lease_us / 1000000.0),
-							CASE WHEN take = 'session' THEN _idem_session_holder() END,
-							CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
-							pg_backend_pid(), pg_current_xact_id())
-					ON CONFLICT DO NOTHING
-					RETURNING t.token INTO new_token;
+					IF policy = 'raise' THEN
+						PERFORM set_config('lock_timeout', '1', true);
+					END IF;
+					new_token := _idem_insert_claim(me, op, k, fp, ttl_iv, now, lease_us, take, remember_us);
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
-				EXCEPTION WHEN lock_not_available THEN
-					/* another transaction is inserting it */
-					PERFORM _idem_raise_in_progress(op, k, false);
+				EXCEPTION
+					WHEN lock_not_available THEN
+						PERFORM _idem_raise_in_progress(op, k, false);
+					WHEN serialization_failure THEN
+						RAISE EXCEPTION 'could not serialize access due to a concurrent request with idempotency key "%"', k
+							USING ERRCODE = '40001',
+								  DETAIL = 'Its result was committed after this transaction''s snapshot was taken.',
+								  HINT = 'Retry the transaction: the retry will replay the result.';
 				END;
 			END IF;
 			IF new_token IS NULL THEN
@@ -847,18 +859,10 @@ BEGIN
 
 		/*
 		 * Lapsed or expired: take it over, if it is still the version we
-		 * looked at (an update waits for a transaction writing it, then
-		 * finds the row changed and looks again).  raise: not if another
-		 * transaction is writing it.
+		 * looked at.  An update waits for a transaction writing it (in
+		 * either policy, as the C edition does: a purge or a takeover), then
+		 * finds the row changed and looks again.
 		 */
-		IF policy = 'raise' AND r.busy THEN
-			PERFORM FROM idem_record t
-			 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k
-			   FOR UPDATE SKIP LOCKED;
-			IF NOT FOUND THEN
-				PERFORM _idem_raise_in_progress(op, k, false);
-			END IF;
-		END IF;
 		UPDATE idem_record t
 		   SET token = greatest(nextval('idem_token_seq'), t.token + 1),
 			   fingerprint = fp, ttl = ttl_iv, created_at = now, completed_at = NULL,
