@@ -101,11 +101,13 @@ mv idempotency--pg_tle.sql.tmp idempotency--pg_tle.sql
 
 # ---- psql -f, into schema idempotency ----
 # @extschema@ becomes idempotency; code is created OR REPLACE; the
-# configuration-dump calls, which only an extension script may make, go.
+# configuration-dump calls, which only an extension script may make, go;
+# the schema check prints nothing (\\gset).
 schema_sed='s/@extschema@/idempotency/g
 s/^CREATE FUNCTION /CREATE OR REPLACE FUNCTION /
 s/^CREATE PROCEDURE /CREATE OR REPLACE PROCEDURE /
 s/^CREATE VIEW /CREATE OR REPLACE VIEW /
+s/^\(SELECT FROM idempotency\._idem_check_schema()\);$/\1 \\gset/
 /pg_extension_config_dump/d'
 {
 	echo "$header"

@@ -117,7 +117,7 @@ CREATE FUNCTION @extschema@._idem_setting_number(name pg_catalog.text, unit pg_c
 												 lo pg_catalog.int8, hi pg_catalog.int8)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $_idem_setting_number$
 DECLARE
 	value CONSTANT text := current_setting(name, true);
@@ -154,7 +154,7 @@ $_idem_setting_number$;
 CREATE FUNCTION @extschema@._idem_setting_word(name pg_catalog.text, words pg_catalog.text[])
 RETURNS pg_catalog.text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, @extschema@, pg_temp
 AS $_idem_setting_word$
 DECLARE
 	value CONSTANT text := lower(btrim(current_setting(name, true)));
@@ -1472,5 +1472,5 @@ BEGIN
 END
 $_idem_check_schema$;
 
-SELECT @extschema@._idem_check_schema();
+SELECT FROM @extschema@._idem_check_schema();
 

@@ -144,7 +144,7 @@ CREATE OR REPLACE FUNCTION idempotency._idem_setting_number(name pg_catalog.text
 												 lo pg_catalog.int8, hi pg_catalog.int8)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, idempotency, pg_temp
 AS $_idem_setting_number$
 DECLARE
 	value CONSTANT text := current_setting(name, true);
@@ -181,7 +181,7 @@ $_idem_setting_number$;
 CREATE OR REPLACE FUNCTION idempotency._idem_setting_word(name pg_catalog.text, words pg_catalog.text[])
 RETURNS pg_catalog.text
 LANGUAGE plpgsql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+SET search_path = pg_catalog, idempotency, pg_temp
 AS $_idem_setting_word$
 DECLARE
 	value CONSTANT text := lower(btrim(current_setting(name, true)));
@@ -1499,6 +1499,6 @@ BEGIN
 END
 $_idem_check_schema$;
 
-SELECT idempotency._idem_check_schema();
+SELECT FROM idempotency._idem_check_schema() \gset
 
 COMMIT;

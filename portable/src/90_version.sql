@@ -34,4 +34,4 @@ BEGIN
 END
 $_idem_check_schema$;
 
-SELECT @extschema@._idem_check_schema();
+SELECT FROM @extschema@._idem_check_schema();
