@@ -74,7 +74,7 @@ SELECT count(*) AS wake_locks FROM pg_locks
 SELECT status FROM idem_begin('settings', 'k5', NULL, takeover => 'session');
 SELECT holder >> 32 = pg_backend_pid() AS holder_is_me,
 	   idempotency._idem_session_alive(holder) AS alive,
-	   idempotency._idem_session_alive((holder # 1) | 1) AS other_start_is_dead
+	   NOT idempotency._idem_session_alive(holder # 2) AS other_start_is_dead
   FROM idem_record WHERE operation = 'settings' AND key = 'k5';
 DELETE FROM idem_record;
 
