@@ -487,6 +487,7 @@ CREATE FUNCTION @extschema@._idem_wait_for_writer(role_id pg_catalog.regrole, op
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $_idem_wait_for_writer$
 BEGIN
 	BEGIN
@@ -522,6 +523,11 @@ $_idem_wait_for_writer$;
  *
  * Every function runs with the caller's rights: the calling role is the
  * records' namespace, and row-level security keeps it to its own rows.
+ * The functions that look a key up have enable_seqscan off: PL/pgSQL keeps
+ * a statement's generic plan, made when the table was small, and a
+ * sequential scan chosen then would make a batch that claims and finishes
+ * many keys in one transaction quadratic (12,000 keys: 89 s; with the
+ * primary key always: 3 s).
  * No lock is held per key until commit (a transaction may claim any
  * number of keys); how waiting works is in 30_wait.sql.
  */
@@ -587,6 +593,7 @@ CREATE FUNCTION @extschema@._idem_raise_stale_token(operation pg_catalog.text, k
 RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $_idem_raise_stale_token$
 DECLARE
 	r record;
@@ -694,6 +701,7 @@ CREATE FUNCTION @extschema@.idem_begin(
 RETURNS @extschema@.idem_claim
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $idem_begin$
 DECLARE
 	op CONSTANT text := idem_begin.operation;
@@ -897,6 +905,7 @@ CREATE FUNCTION @extschema@.idem_finish(
 RETURNS pg_catalog.void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $idem_finish$
 DECLARE
 	now CONSTANT timestamptz := clock_timestamp();
@@ -931,6 +940,7 @@ CREATE FUNCTION @extschema@.idem_abort(
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $idem_abort$
 DECLARE
 	w int;
@@ -960,6 +970,7 @@ CREATE FUNCTION @extschema@.idem_renew(
 RETURNS pg_catalog.timestamptz
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $idem_renew$
 DECLARE
 	lease_us bigint;
@@ -1001,6 +1012,7 @@ CREATE FUNCTION @extschema@.idem_checkpoint(
 RETURNS pg_catalog.void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $idem_checkpoint$
 BEGIN
 	PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
@@ -1052,6 +1064,7 @@ CREATE FUNCTION @extschema@.idem_inspect(
 RETURNS SETOF record
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE ROWS 1
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $idem_inspect$
 DECLARE
 	now CONSTANT timestamptz := clock_timestamp();
@@ -1196,6 +1209,7 @@ CREATE FUNCTION @extschema@.idem_forget(
 RETURNS pg_catalog.text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $idem_forget$
 DECLARE
 	rid regrole;
@@ -1314,14 +1328,27 @@ FROM PUBLIC;
 /*
  * 70_fingerprint.sql: idem_fingerprint, SHA-256 over the C edition's
  * encoding: each argument is a byte 0 for NULL, or a byte 1, the length of
- * its text in bytes (four bytes, big-endian) and the text, in the
- * database's encoding.  PL/pgSQL and SQL functions cannot take VARIADIC
- * "any", so the arguments are text: callers pass x::text for a value of
- * another type, which is the value's text form (its output function), as
- * the C edition takes it -- except for boolean, whose cast to text is
- * 'true'/'false' where its text form is 't'/'f'.  The same text arguments
- * give the same bytes in both editions.  sha256() is core (PostgreSQL 11):
- * no pgcrypto needed.
+ * its text form in bytes (four bytes, big-endian) and the text form, in
+ * the database's encoding.  sha256() is core (PostgreSQL 11): no pgcrypto.
+ *
+ * SQL and PL/pgSQL functions cannot take VARIADIC "any".  What they can
+ * take, without ever hashing another text form than the C edition would:
+ *
+ *	idem_fingerprint(VARIADIC text[])		any number of text arguments (and
+ *											literals, and idem_fingerprint(
+ *											VARIADIC ARRAY[...]) of text)
+ *	idem_fingerprint(anyelement)			one argument of any type
+ *	idem_fingerprint(anyelement, anycompatible)
+ *	idem_fingerprint(text, anycompatible)	two arguments of any types
+ *
+ * A value's text form is format('%s', value), its type's output function,
+ * as the C edition takes it; a literal is its own text.  Each polymorphic
+ * argument is alone in its family of polymorphic types, so PostgreSQL
+ * never converts it to another argument's type (a literal '012' next to
+ * the integer 5 stays '012').  Three or more arguments of types other than
+ * text fail with "function ... does not exist": pass them as text
+ * (x::text), which is their text form except for boolean (true::text is
+ * 'true', its text form 't') and char(n) (the cast drops trailing blanks).
  */
 CREATE FUNCTION @extschema@.idem_fingerprint(VARIADIC pg_catalog.text[])
 RETURNS pg_catalog.bytea
@@ -1338,7 +1365,45 @@ AS $$
 			''::bytea)) END
 $$;
 
-GRANT EXECUTE ON FUNCTION @extschema@.idem_fingerprint(pg_catalog.text[]) TO PUBLIC;
+/* a value's text form, NULL for NULL (num_nulls: a row of NULLs is a value) */
+CREATE FUNCTION @extschema@._idem_text_form(value anyelement)
+RETURNS pg_catalog.text
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE WHEN num_nulls(value) = 0 THEN format('%s', value) END
+$$;
+
+CREATE FUNCTION @extschema@.idem_fingerprint(a anyelement)
+RETURNS pg_catalog.bytea
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+	SELECT idem_fingerprint(VARIADIC ARRAY[_idem_text_form(a)])
+$$;
+
+CREATE FUNCTION @extschema@.idem_fingerprint(a anyelement, b anycompatible)
+RETURNS pg_catalog.bytea
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+	SELECT idem_fingerprint(VARIADIC ARRAY[_idem_text_form(a), _idem_text_form(b)])
+$$;
+
+CREATE FUNCTION @extschema@.idem_fingerprint(a pg_catalog.text, b anycompatible)
+RETURNS pg_catalog.bytea
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+	SELECT idem_fingerprint(VARIADIC ARRAY[a, _idem_text_form(b)])
+$$;
+
+GRANT EXECUTE ON FUNCTION
+	@extschema@.idem_fingerprint(pg_catalog.text[]),
+	@extschema@.idem_fingerprint(anyelement),
+	@extschema@.idem_fingerprint(anyelement, anycompatible),
+	@extschema@.idem_fingerprint(pg_catalog.text, anycompatible)
+TO PUBLIC;
 
 -- ---------------- from src/80_unavailable.sql ----------------
 /*

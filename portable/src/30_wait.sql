@@ -185,6 +185,7 @@ CREATE FUNCTION @extschema@._idem_wait_for_writer(role_id pg_catalog.regrole, op
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $_idem_wait_for_writer$
 BEGIN
 	BEGIN

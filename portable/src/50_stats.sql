@@ -22,6 +22,7 @@ CREATE FUNCTION @extschema@.idem_inspect(
 RETURNS SETOF record
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE ROWS 1
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $idem_inspect$
 DECLARE
 	now CONSTANT timestamptz := clock_timestamp();

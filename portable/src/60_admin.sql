@@ -58,6 +58,7 @@ CREATE FUNCTION @extschema@.idem_forget(
 RETURNS pg_catalog.text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $idem_forget$
 DECLARE
 	rid regrole;

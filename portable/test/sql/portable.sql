@@ -30,9 +30,20 @@ SELECT idem_fingerprint('1', 'x')
 	   idem_fingerprint(NULL) <> idem_fingerprint('') AS null_is_not_empty,
 	   idem_fingerprint(VARIADIC ARRAY['a', 'bc']) = idem_fingerprint('a', 'bc') AS array_form,
 	   idem_fingerprint(VARIADIC NULL::text[]) IS NULL AS variadic_null;
--- a value of another type is passed as text: no silent other text form
-SELECT idem_fingerprint('order-7', 4200);
-SELECT idem_fingerprint('order-7', 4200::text) = idem_fingerprint('order-7', '4200') AS cast_to_text;
+-- one or two arguments of any types are hashed by their text forms (the
+-- C edition's idem_fingerprint(1, 'x') is the value above); a literal next
+-- to a number keeps its own text
+SELECT idem_fingerprint(1, 'x')
+	   = '\x4f6d750d6d368731c522c203c4a920154c81031f326746fe2da2320e44ef07d8'::bytea AS mixed_types,
+	   idem_fingerprint('order-7', 4200) = idem_fingerprint('order-7', '4200') AS literal_and_int,
+	   idem_fingerprint(100) = idem_fingerprint('100') AS one_int,
+	   idem_fingerprint(true) = idem_fingerprint('t') AS boolean_text_form,
+	   idem_fingerprint('012', 5) = idem_fingerprint('012', '5') AS literal_kept,
+	   idem_fingerprint(NULL::int) = idem_fingerprint(NULL::text) AS null_any_type,
+	   idem_fingerprint(ROW(NULL, NULL)) = idem_fingerprint('(,)') AS row_of_nulls_is_a_value;
+-- three or more arguments not all text fail: never another text form
+SELECT idem_fingerprint('order-7', 4200, 'EUR');
+SELECT idem_fingerprint('order-7', 4200::text, 'EUR') = idem_fingerprint('order-7', '4200', 'EUR') AS cast_to_text;
 
 -- settings are read at each call, with the C edition's units, and an
 -- invalid one fails the call
