@@ -91,7 +91,6 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.idem_record TO PUBLIC;
 
 CREATE SEQUENCE idempotency.idem_token_seq AS pg_catalog.int8;
 REVOKE ALL ON SEQUENCE idempotency.idem_token_seq FROM PUBLIC;
-GRANT USAGE ON SEQUENCE idempotency.idem_token_seq TO PUBLIC;
 
 
 CREATE TYPE idempotency.idem_claim AS (
@@ -684,6 +683,17 @@ AS $$
 		ELSE 'expired' END
 $$;
 
+/*
+ * The next fencing token.  The sequence is not accessible to PUBLIC (no
+ * role may take or set tokens but through a claim): this function, with
+ * the owner's rights, is the one way to it.
+ */
+CREATE OR REPLACE FUNCTION idempotency._idem_next_token()
+RETURNS pg_catalog.int8
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, idempotency, pg_temp
+AS $$ SELECT nextval('idem_token_seq') $$;
+
 /* Insert a claim of an absent key; NULL when a record is there (committed meanwhile) */
 CREATE OR REPLACE FUNCTION idempotency._idem_insert_claim(me pg_catalog.regrole, op pg_catalog.text,
 	k pg_catalog.text, fp pg_catalog.bytea, ttl_iv pg_catalog.interval,
@@ -696,7 +706,7 @@ AS $$
 	INSERT INTO idem_record AS t
 		(role_id, operation, key, token, fingerprint, ttl, created_at,
 		 expires_at, holder, forget_at, waker, writer)
-	VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
+	VALUES (me, op, k, _idem_next_token(), fp, ttl_iv, now,
 			now + make_interval(secs => lease_us / 1000000.0),
 			CASE WHEN take = 'session' THEN _idem_session_holder() END,
 			CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
@@ -890,7 +900,7 @@ BEGIN
 		 * finds the row changed and looks again.
 		 */
 		UPDATE idem_record t
-		   SET token = greatest(nextval('idem_token_seq'), t.token + 1),
+		   SET token = greatest(_idem_next_token(), t.token + 1),
 			   fingerprint = fp, ttl = ttl_iv, created_at = now, completed_at = NULL,
 			   expires_at = now + make_interval(secs => lease_us / 1000000.0),
 			   response = NULL,
