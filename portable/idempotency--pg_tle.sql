@@ -371,15 +371,44 @@ BEGIN
 	IF current_setting('idempotency.wake_lock', true) = me::text THEN
 		RETURN;
 	END IF;
-	IF NOT EXISTS (SELECT FROM pg_locks l
-					WHERE l.locktype = 'advisory' AND l.pid = me
-					  AND l.classid = _idem_wake_class()::oid AND l.objid = me::oid
-					  AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted) THEN
-		PERFORM pg_advisory_lock(_idem_wake_class(), me);
+	IF EXISTS (SELECT FROM pg_locks l
+				WHERE l.locktype = 'advisory' AND l.pid = me
+				  AND l.classid = _idem_wake_class()::oid AND l.objid = me::oid
+				  AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted)
+	   OR _idem_take_wake_lock() THEN
+		PERFORM set_config('idempotency.wake_lock', me::text, false);
 	END IF;
-	PERFORM set_config('idempotency.wake_lock', me::text, false);
 END
 $_idem_hold_wake_lock$;
+
+/*
+ * Take this backend's wake lock, waiting a moment for waiters that hold it
+ * in share mode to let it go (they do at once; a waiter that never did
+ * must not hold up a claim or a finish: then the lock is taken at a later
+ * call, and waiters meanwhile look again every _idem_wait_look() seconds).
+ */
+CREATE FUNCTION @extschema@._idem_take_wake_lock()
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $_idem_take_wake_lock$
+DECLARE
+	me CONSTANT int := pg_backend_pid();
+	saved CONSTANT text := current_setting('lock_timeout');
+BEGIN
+	IF pg_try_advisory_lock(_idem_wake_class(), me) THEN
+		RETURN true;
+	END IF;
+	BEGIN
+		PERFORM set_config('lock_timeout', '1000', true);
+		PERFORM pg_advisory_lock(_idem_wake_class(), me);
+		PERFORM set_config('lock_timeout', saved, true);
+	EXCEPTION WHEN lock_not_available THEN
+		RETURN false;			/* (the setting is restored with the subtransaction) */
+	END;
+	RETURN true;
+END
+$_idem_take_wake_lock$;
 
 /*
  * Wake the backends waiting on this backend's claims: release the wake lock,
@@ -395,7 +424,10 @@ DECLARE
 	me CONSTANT int := pg_backend_pid();
 BEGIN
 	IF current_setting('idempotency.wake_lock', true) = me::text THEN
-		PERFORM pg_advisory_unlock(_idem_wake_class(), me), pg_advisory_lock(_idem_wake_class(), me);
+		PERFORM pg_advisory_unlock(_idem_wake_class(), me);
+		IF NOT _idem_take_wake_lock() THEN
+			PERFORM set_config('idempotency.wake_lock', '', false);
+		END IF;
 	END IF;
 END
 $_idem_wake_waiters$;
@@ -452,12 +484,11 @@ BEGIN
 				  DETAIL = 'Another attempt holds the idempotency key.';
 	END IF;
 	ms := greatest(ceil(extract(epoch FROM stop - now) * 1000), 1);
+	/* one expression: nothing runs between taking and releasing the lock */
 	IF waker IS NULL OR waker = pg_backend_pid()
-	   OR pg_try_advisory_lock_shared(_idem_wake_class(), waker) THEN
+	   OR (pg_try_advisory_lock_shared(_idem_wake_class(), waker)
+		   AND pg_advisory_unlock_shared(_idem_wake_class(), waker)) THEN
 		/* nobody holds that wake lock: nothing to sleep on but time */
-		IF waker IS NOT NULL AND waker <> pg_backend_pid() THEN
-			PERFORM pg_advisory_unlock_shared(_idem_wake_class(), waker);
-		END IF;
 		PERFORM pg_sleep(ms / 1000.0);
 		RETURN;
 	END IF;
