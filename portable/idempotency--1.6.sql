@@ -69,6 +69,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.idem_record TO PUBLIC;
 
 CREATE SEQUENCE @extschema@.idem_token_seq AS pg_catalog.int8;
 REVOKE ALL ON SEQUENCE @extschema@.idem_token_seq FROM PUBLIC;
+/* the functions take tokens with the caller's rights; no role may set it */
+GRANT USAGE ON SEQUENCE @extschema@.idem_token_seq TO PUBLIC;
 
 SELECT pg_catalog.pg_extension_config_dump('idem_record', '');
 SELECT pg_catalog.pg_extension_config_dump('idem_token_seq', '');
@@ -416,7 +418,7 @@ DECLARE
 BEGIN
 	IF current_setting('idempotency.wake_lock', true) = me::text THEN
 		PERFORM pg_advisory_unlock(_idem_wake_class(), me);
-		IF NOT _idem_take_wake_lock() THEN
+		IF NOT (pg_try_advisory_lock(_idem_wake_class(), me) OR _idem_take_wake_lock()) THEN
 			PERFORM set_config('idempotency.wake_lock', '', false);
 		END IF;
 	END IF;
@@ -687,17 +689,6 @@ AS $$
 		ELSE 'expired' END
 $$;
 
-/*
- * The next fencing token.  The sequence is not accessible to PUBLIC (no
- * role may take or set tokens but through a claim): this function, with
- * the owner's rights, is the one way to it.
- */
-CREATE FUNCTION @extschema@._idem_next_token()
-RETURNS pg_catalog.int8
-LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, @extschema@, pg_temp
-AS $$ SELECT nextval('idem_token_seq') $$;
-
 /* Insert a claim of an absent key; NULL when a record is there (committed meanwhile) */
 CREATE FUNCTION @extschema@._idem_insert_claim(me pg_catalog.regrole, op pg_catalog.text,
 	k pg_catalog.text, fp pg_catalog.bytea, ttl_iv pg_catalog.interval,
@@ -710,7 +701,7 @@ AS $$
 	INSERT INTO idem_record AS t
 		(role_id, operation, key, token, fingerprint, ttl, created_at,
 		 expires_at, holder, forget_at, waker, writer)
-	VALUES (me, op, k, _idem_next_token(), fp, ttl_iv, now,
+	VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
 			now + make_interval(secs => lease_us / 1000000.0),
 			CASE WHEN take = 'session' THEN _idem_session_holder() END,
 			CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
@@ -756,37 +747,69 @@ DECLARE
 	new_checkpoint jsonb;
 	saved_lock_timeout text;
 BEGIN
-	PERFORM _idem_check_name(op, 'operation'), _idem_check_name(k, 'key');
+	/*
+	 * The arguments, or the settings that give their defaults.  The usual
+	 * call (no setting set, no optional argument) is checked inline, with
+	 * no function call: the helpers run only where there is something to
+	 * parse or an error to raise.
+	 */
+	IF op IS NULL OR k IS NULL OR char_length(op) NOT BETWEEN 1 AND 255
+	   OR char_length(k) NOT BETWEEN 1 AND 255 THEN
+		PERFORM _idem_check_name(op, 'operation'), _idem_check_name(k, 'key');
+	END IF;
 	IF length(fp) > 1024 THEN
 		RAISE EXCEPTION 'argument "%" is too long', 'fingerprint'
 			USING ERRCODE = '22023',
 				  DETAIL = format('It has %s bytes; at most %s are allowed.', length(fp), 1024),
 				  HINT = 'Pass a hash of the request, such as idem_fingerprint(...).';
 	END IF;
-
-	/* the arguments, or the settings that give their defaults */
-	policy := coalesce(lower(in_flight),
-					   _idem_setting_word('idempotency.in_flight', '{wait,raise}'), 'wait');
-	IF policy NOT IN ('wait', 'raise') THEN
+	policy := lower(in_flight);
+	IF policy IS NULL THEN
+		policy := coalesce(nullif(current_setting('idempotency.in_flight', true), ''), 'wait');
+		IF policy <> 'wait' THEN
+			policy := coalesce(_idem_setting_word('idempotency.in_flight', '{wait,raise}'), 'wait');
+		END IF;
+	ELSIF policy NOT IN ('wait', 'raise') THEN
 		RAISE EXCEPTION 'unknown in_flight policy "%"', in_flight
 			USING ERRCODE = '22023', HINT = 'Use ''wait'' or ''raise''.';
 	END IF;
-	take := coalesce(lower(takeover),
-					 _idem_setting_word('idempotency.takeover', '{lease,session}'), 'lease');
-	IF take NOT IN ('lease', 'session') THEN
+	take := lower(takeover);
+	IF take IS NULL THEN
+		take := coalesce(nullif(current_setting('idempotency.takeover', true), ''), 'lease');
+		IF take <> 'lease' THEN
+			take := coalesce(_idem_setting_word('idempotency.takeover', '{lease,session}'), 'lease');
+		END IF;
+	ELSIF take NOT IN ('lease', 'session') THEN
 		RAISE EXCEPTION 'unknown takeover policy "%"', takeover
 			USING ERRCODE = '22023', HINT = 'Use ''lease'' or ''session''.';
 	END IF;
-	lease_us := coalesce(_idem_usecs(lease, 'lease'),
-						 _idem_setting_number('idempotency.lease', 'ms', 1000, 2147483647000),
-						 30000000);
-	ttl_iv := coalesce(ttl, make_interval(secs =>
-		coalesce(_idem_setting_number('idempotency.ttl', 's', 60000000, 2147483647000000),
-				 86400000000) / 1000000.0));
-	ttl_us := _idem_usecs(ttl_iv, 'ttl');
-	remember_us := coalesce(_idem_usecs(remember, 'remember'),
-							_idem_setting_number('idempotency.remember', 's', 0, 2147483647000000),
-							0);
+	IF lease IS NOT NULL THEN
+		lease_us := _idem_usecs(lease, 'lease');
+	ELSIF nullif(current_setting('idempotency.lease', true), '') IS NULL THEN
+		lease_us := 30000000;
+	ELSE
+		lease_us := _idem_setting_number('idempotency.lease', 'ms', 1000, 2147483647000);
+	END IF;
+	IF ttl IS NOT NULL THEN
+		ttl_iv := ttl;
+		ttl_us := _idem_usecs(ttl, 'ttl');
+	ELSIF nullif(current_setting('idempotency.ttl', true), '') IS NULL THEN
+		ttl_iv := interval '24 hours';
+		ttl_us := 86400000000;
+	ELSE
+		ttl_us := _idem_setting_number('idempotency.ttl', 's', 60000000, 2147483647000000);
+		ttl_iv := make_interval(secs => ttl_us / 1000000.0);
+	END IF;
+	IF remember IS NOT NULL THEN
+		remember_us := _idem_usecs(remember, 'remember');
+	ELSIF nullif(current_setting('idempotency.remember', true), '') IS NULL THEN
+		remember_us := 0;
+	ELSE
+		remember_us := _idem_setting_number('idempotency.remember', 's', 0, 2147483647000000);
+	END IF;
+	IF nullif(current_setting('idempotency.max_response_size', true), '') IS NOT NULL THEN
+		PERFORM _idem_max_response_size();		/* an invalid one fails every call */
+	END IF;
 	IF remember_us < 0 THEN
 		RAISE EXCEPTION 'idempotency remember must not be negative' USING ERRCODE = '22023';
 	END IF;
@@ -808,7 +831,9 @@ BEGIN
 			USING ERRCODE = '22023',
 				  DETAIL = 'A key is remembered from its completion, after its response has been kept for the ttl.';
 	END IF;
-	PERFORM _idem_check_writable('idem_begin()');
+	IF current_setting('transaction_read_only') = 'on' THEN
+		PERFORM _idem_check_writable('idem_begin()');
+	END IF;
 
 	me := quote_ident(current_user)::regrole;
 	LOOP
@@ -829,7 +854,16 @@ BEGIN
 			 * snapshot is a serialization failure.
 			 */
 			IF policy = 'wait' AND current_setting('transaction_isolation') = 'read committed' THEN
-				new_token := _idem_insert_claim(me, op, k, fp, ttl_iv, now, lease_us, take, remember_us);
+				INSERT INTO idem_record AS t
+					(role_id, operation, key, token, fingerprint, ttl, created_at,
+					 expires_at, holder, forget_at, waker, writer)
+				VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
+						now + make_interval(secs => lease_us / 1000000.0),
+						CASE WHEN take = 'session' THEN _idem_session_holder() END,
+						CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+						pg_backend_pid(), pg_current_xact_id())
+				ON CONFLICT DO NOTHING
+				RETURNING t.token INTO new_token;
 			ELSE
 				saved_lock_timeout := current_setting('lock_timeout');
 				BEGIN
@@ -851,16 +885,31 @@ BEGIN
 			IF new_token IS NULL THEN
 				CONTINUE;
 			END IF;
+			IF current_setting('idempotency.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+				IF current_setting('idempotency.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
 			PERFORM _idem_hold_wake_lock();
+		END IF;
+			END IF;
 			RETURN ROW('new', new_token, NULL)::idem_claim;
 		END IF;
 
-		mine := r.writer = pg_current_xact_id_if_assigned();
-		state := _idem_state(r.completed_at, r.expires_at, r.forget_at, r.holder,
-							 coalesce(mine, false), now);
+		mine := coalesce(r.writer = pg_current_xact_id_if_assigned(), false);
+		/* _idem_state, inline */
+		IF r.completed_at IS NULL THEN
+			state := CASE WHEN mine THEN 'pending'
+						  WHEN r.expires_at <= now THEN 'lapsed'
+						  WHEN r.holder IS NOT NULL AND NOT _idem_session_alive(r.holder) THEN 'lapsed'
+						  ELSE 'pending' END;
+		ELSE
+			state := CASE WHEN r.expires_at > now THEN 'completed'
+						  WHEN r.forget_at > now THEN 'remembered'
+						  ELSE 'expired' END;
+		END IF;
 
 		IF state IN ('pending', 'completed') THEN
-			PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
+			IF r.fingerprint IS DISTINCT FROM fp THEN
+				PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
+			END IF;
 			IF state = 'completed' THEN
 				RETURN ROW('replay', NULL, r.response)::idem_claim;
 			END IF;
@@ -904,7 +953,7 @@ BEGIN
 		 * finds the row changed and looks again.
 		 */
 		UPDATE idem_record t
-		   SET token = greatest(_idem_next_token(), t.token + 1),
+		   SET token = greatest(nextval('idem_token_seq'), t.token + 1),
 			   fingerprint = fp, ttl = ttl_iv, created_at = now, completed_at = NULL,
 			   expires_at = now + make_interval(secs => lease_us / 1000000.0),
 			   response = NULL,
@@ -920,7 +969,9 @@ BEGIN
 		IF NOT FOUND THEN
 			CONTINUE;			/* changed meanwhile: look again */
 		END IF;
-		PERFORM _idem_hold_wake_lock();
+		IF current_setting('idempotency.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+			PERFORM _idem_hold_wake_lock();
+		END IF;
 		RETURN ROW(CASE WHEN new_checkpoint IS NULL THEN 'new' ELSE 'recover' END,
 				   new_token, new_checkpoint)::idem_claim;
 	END LOOP;
@@ -942,13 +993,29 @@ AS $idem_finish$
 DECLARE
 	now CONSTANT timestamptz := clock_timestamp();
 	w int;
+	max_size bigint;
 BEGIN
-	PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
-			_idem_require(token IS NULL, 'token'), _idem_check_response(response, 'response'),
-			_idem_check_writable('idem_finish()');
+	IF operation IS NULL OR key IS NULL OR token IS NULL OR response IS NULL
+	   OR char_length(operation) NOT BETWEEN 1 AND 255 OR char_length(key) NOT BETWEEN 1 AND 255 THEN
+		PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+				_idem_require(token IS NULL, 'token'), _idem_check_response(response, 'response');
+	END IF;
+	max_size := CASE WHEN nullif(current_setting('idempotency.max_response_size', true), '') IS NULL
+					 THEN 65536 ELSE _idem_max_response_size() END;
+	IF pg_column_size(response) > max_size OR octet_length(response::text) > max_size THEN
+		PERFORM _idem_check_response(response, 'response');
+	END IF;
+	IF current_setting('transaction_read_only') = 'on' THEN
+		PERFORM _idem_check_writable('idem_finish()');
+	END IF;
+	/* the ttl's months count 30 days, as in the C edition */
 	UPDATE idem_record t
 	   SET completed_at = now,
-		   expires_at = now + make_interval(secs => _idem_usecs(t.ttl, 'ttl') / 1000000.0),
+		   expires_at = now + t.ttl
+						- make_interval(years => extract(year FROM t.ttl)::int,
+										months => extract(month FROM t.ttl)::int)
+						+ make_interval(days => ((extract(year FROM t.ttl) * 12
+												  + extract(month FROM t.ttl)) * 30)::int),
 		   response = idem_finish.response, checkpoint = NULL, holder = NULL,
 		   forget_at = now + (t.forget_at - t.created_at),
 		   writer = pg_current_xact_id()
@@ -959,8 +1026,13 @@ BEGIN
 	IF NOT FOUND THEN
 		PERFORM _idem_raise_stale_token(operation, key, token);
 	END IF;
-	IF w = pg_backend_pid() THEN
-		PERFORM _idem_wake_waiters();
+	IF w = pg_backend_pid() AND current_setting('idempotency.wake_lock', true) = w::text THEN
+		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
+		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+			IF NOT _idem_take_wake_lock() THEN
+				PERFORM set_config('idempotency.wake_lock', '', false);
+			END IF;
+		END IF;
 	END IF;
 END
 $idem_finish$;
@@ -977,8 +1049,14 @@ AS $idem_abort$
 DECLARE
 	w int;
 BEGIN
-	PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
-			_idem_require(token IS NULL, 'token'), _idem_check_writable('idem_abort()');
+	IF operation IS NULL OR key IS NULL OR token IS NULL
+	   OR char_length(operation) NOT BETWEEN 1 AND 255 OR char_length(key) NOT BETWEEN 1 AND 255 THEN
+		PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+				_idem_require(token IS NULL, 'token');
+	END IF;
+	IF current_setting('transaction_read_only') = 'on' THEN
+		PERFORM _idem_check_writable('idem_abort()');
+	END IF;
 	DELETE FROM idem_record t
 	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
 	   AND t.operation = idem_abort.operation AND t.key = idem_abort.key
@@ -987,8 +1065,13 @@ BEGIN
 	IF NOT FOUND THEN
 		RETURN false;
 	END IF;
-	IF w = pg_backend_pid() THEN
-		PERFORM _idem_wake_waiters();
+	IF w = pg_backend_pid() AND current_setting('idempotency.wake_lock', true) = w::text THEN
+		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
+		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+			IF NOT _idem_take_wake_lock() THEN
+				PERFORM set_config('idempotency.wake_lock', '', false);
+			END IF;
+		END IF;
 	END IF;
 	RETURN true;
 END

@@ -65,6 +65,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.idem_record TO PUBLIC;
 
 CREATE SEQUENCE @extschema@.idem_token_seq AS pg_catalog.int8;
 REVOKE ALL ON SEQUENCE @extschema@.idem_token_seq FROM PUBLIC;
+/* the functions take tokens with the caller's rights; no role may set it */
+GRANT USAGE ON SEQUENCE @extschema@.idem_token_seq TO PUBLIC;
 
 SELECT pg_catalog.pg_extension_config_dump('idem_record', '');
 SELECT pg_catalog.pg_extension_config_dump('idem_token_seq', '');

@@ -124,7 +124,7 @@ DECLARE
 BEGIN
 	IF current_setting('idempotency.wake_lock', true) = me::text THEN
 		PERFORM pg_advisory_unlock(_idem_wake_class(), me);
-		IF NOT _idem_take_wake_lock() THEN
+		IF NOT (pg_try_advisory_lock(_idem_wake_class(), me) OR _idem_take_wake_lock()) THEN
 			PERFORM set_config('idempotency.wake_lock', '', false);
 		END IF;
 	END IF;

@@ -110,7 +110,6 @@ SELECT idem_purge();
 SELECT idem_forget('charge', 'shared-key', 'portable_alice');
 SELECT idem_set_durability('none');
 SELECT setval('idem_token_seq', 1);
-SELECT nextval('idem_token_seq');
 SET ROLE portable_alice;
 SELECT status, response FROM idem_begin('charge', 'shared-key', '\x01');
 RESET ROLE;
