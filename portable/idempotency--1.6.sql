@@ -320,9 +320,10 @@ $_idem_check_writable$;
  * What PL/pgSQL cannot do: wake a waiter from another backend.  A claim
  * finished or aborted on another connection than the one that made it
  * (a transaction pool) is seen by its waiters at the next look, at most
- * idem_wait_look seconds later; so is a claim whose backend no longer
- * holds its wake lock (DISCARD ALL released it) or the rare finish that
- * happens between a waiter's look and its lock request.
+ * _idem_wait_look() seconds later; so is a claim whose backend no longer
+ * holds its wake lock (DISCARD ALL released it).  A finish between a
+ * waiter's look and its lock request is seen 0.05 s later (see
+ * _idem_wait_for_claim).
  *
  * A 'session' claim's holder is alive while a backend with its process ID
  * and start time runs (pg_stat_get_activity); where the start time is not
@@ -333,12 +334,17 @@ $_idem_check_writable$;
  * lock, which the session's end releases.
  */
 
-/* The longest a waiter sleeps between two looks at a claim, in seconds */
+/*
+ * The longest a waiter sleeps between two looks at a claim, in seconds:
+ * what a finish on another connection can cost a waiter, against the CPU
+ * that looking costs (50 waiters looking every second: 0.3 CPU-s in 5 s
+ * here)
+ */
 CREATE FUNCTION @extschema@._idem_wait_look()
 RETURNS pg_catalog.float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS 'SELECT 1.0::pg_catalog.float8';
+AS 'SELECT 10.0::pg_catalog.float8';
 
 /* classid of the wake locks ('I','K', 0, 1) */
 CREATE FUNCTION @extschema@._idem_wake_class()
@@ -454,20 +460,25 @@ $$;
 /*
  * Sleep until the backend waker finishes or aborts one of its claims,
  * ends, or until "until" (the lease end), whichever comes first, and at
- * most _idem_wait_look() seconds.  lock_deadline (NULL: none) is when
- * lock_timeout ends for the calling idem_begin.  The caller looks again
+ * most "most" seconds.  lock_deadline (NULL: none) is when lock_timeout
+ * ends for the calling idem_begin.  Returns whether a wake-up (or the
+ * waker's end) ended the sleep, not the time.  The caller looks again
  * afterwards.
+ *
+ * A finish that comes between the caller's look and its lock request wakes
+ * nobody: so the caller sleeps a moment first (idem_begin passes 0.05 s
+ * after a look that followed a wake-up), then, after one more look, long.
  */
 CREATE FUNCTION @extschema@._idem_wait_for_claim(waker pg_catalog.int4, until pg_catalog.timestamptz,
-												 lock_deadline pg_catalog.timestamptz)
-RETURNS void
+												 lock_deadline pg_catalog.timestamptz,
+												 most pg_catalog.float8)
+RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
 AS $_idem_wait_for_claim$
 DECLARE
 	now CONSTANT timestamptz := clock_timestamp();
-	stop timestamptz := least(until, lock_deadline,
-							  now + make_interval(secs => _idem_wait_look()));
+	stop timestamptz := least(until, lock_deadline, now + make_interval(secs => most));
 	ms bigint;
 	saved text;
 BEGIN
@@ -483,18 +494,18 @@ BEGIN
 		   AND pg_advisory_unlock_shared(_idem_wake_class(), waker)) THEN
 		/* nobody holds that wake lock: nothing to sleep on but time */
 		PERFORM pg_sleep(ms / 1000.0);
-		RETURN;
+		RETURN false;
 	END IF;
 	saved := current_setting('lock_timeout');
 	BEGIN
 		PERFORM set_config('lock_timeout', ms::text, true);
-		/* one statement: nothing runs between taking and releasing it */
 		PERFORM pg_advisory_lock_shared(_idem_wake_class(), waker),
 				pg_advisory_unlock_shared(_idem_wake_class(), waker);
 		PERFORM set_config('lock_timeout', saved, true);
 	EXCEPTION WHEN lock_not_available THEN
-		NULL;					/* the time is up (the setting is restored) */
+		RETURN false;			/* the time is up (the setting is restored) */
 	END;
+	RETURN true;
 END
 $_idem_wait_for_claim$;
 
@@ -742,6 +753,7 @@ DECLARE
 	state text;
 	mine bool;
 	probed bool := false;
+	short_wait bool := true;
 	lock_deadline timestamptz;
 	new_token bigint;
 	new_checkpoint jsonb;
@@ -928,7 +940,11 @@ BEGIN
 			IF lock_deadline IS NULL AND current_setting('lock_timeout') NOT IN ('0', '0ms') THEN
 				lock_deadline := now + current_setting('lock_timeout')::interval;
 			END IF;
-			PERFORM _idem_wait_for_claim(r.waker, r.expires_at, lock_deadline);
+			/* short after a look that followed a wake-up, then long */
+			short_wait := CASE WHEN _idem_wait_for_claim(r.waker, r.expires_at, lock_deadline,
+														 CASE WHEN short_wait THEN 0.05
+															  ELSE _idem_wait_look() END)
+							   THEN true ELSE NOT short_wait END;
 			IF current_setting('transaction_isolation') <> 'read committed' THEN
 				/* no fresh snapshot: a newer version is a serialization failure */
 				PERFORM _idem_wait_for_writer(me, op, k);

@@ -26,9 +26,10 @@
  * What PL/pgSQL cannot do: wake a waiter from another backend.  A claim
  * finished or aborted on another connection than the one that made it
  * (a transaction pool) is seen by its waiters at the next look, at most
- * idem_wait_look seconds later; so is a claim whose backend no longer
- * holds its wake lock (DISCARD ALL released it) or the rare finish that
- * happens between a waiter's look and its lock request.
+ * _idem_wait_look() seconds later; so is a claim whose backend no longer
+ * holds its wake lock (DISCARD ALL released it).  A finish between a
+ * waiter's look and its lock request is seen 0.05 s later (see
+ * _idem_wait_for_claim).
  *
  * A 'session' claim's holder is alive while a backend with its process ID
  * and start time runs (pg_stat_get_activity); where the start time is not
@@ -39,12 +40,17 @@
  * lock, which the session's end releases.
  */
 
-/* The longest a waiter sleeps between two looks at a claim, in seconds */
+/*
+ * The longest a waiter sleeps between two looks at a claim, in seconds:
+ * what a finish on another connection can cost a waiter, against the CPU
+ * that looking costs (50 waiters looking every second: 0.3 CPU-s in 5 s
+ * here)
+ */
 CREATE FUNCTION @extschema@._idem_wait_look()
 RETURNS pg_catalog.float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS 'SELECT 1.0::pg_catalog.float8';
+AS 'SELECT 10.0::pg_catalog.float8';
 
 /* classid of the wake locks ('I','K', 0, 1) */
 CREATE FUNCTION @extschema@._idem_wake_class()
@@ -160,20 +166,25 @@ $$;
 /*
  * Sleep until the backend waker finishes or aborts one of its claims,
  * ends, or until "until" (the lease end), whichever comes first, and at
- * most _idem_wait_look() seconds.  lock_deadline (NULL: none) is when
- * lock_timeout ends for the calling idem_begin.  The caller looks again
+ * most "most" seconds.  lock_deadline (NULL: none) is when lock_timeout
+ * ends for the calling idem_begin.  Returns whether a wake-up (or the
+ * waker's end) ended the sleep, not the time.  The caller looks again
  * afterwards.
+ *
+ * A finish that comes between the caller's look and its lock request wakes
+ * nobody: so the caller sleeps a moment first (idem_begin passes 0.05 s
+ * after a look that followed a wake-up), then, after one more look, long.
  */
 CREATE FUNCTION @extschema@._idem_wait_for_claim(waker pg_catalog.int4, until pg_catalog.timestamptz,
-												 lock_deadline pg_catalog.timestamptz)
-RETURNS void
+												 lock_deadline pg_catalog.timestamptz,
+												 most pg_catalog.float8)
+RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
 AS $_idem_wait_for_claim$
 DECLARE
 	now CONSTANT timestamptz := clock_timestamp();
-	stop timestamptz := least(until, lock_deadline,
-							  now + make_interval(secs => _idem_wait_look()));
+	stop timestamptz := least(until, lock_deadline, now + make_interval(secs => most));
 	ms bigint;
 	saved text;
 BEGIN
@@ -189,18 +200,18 @@ BEGIN
 		   AND pg_advisory_unlock_shared(_idem_wake_class(), waker)) THEN
 		/* nobody holds that wake lock: nothing to sleep on but time */
 		PERFORM pg_sleep(ms / 1000.0);
-		RETURN;
+		RETURN false;
 	END IF;
 	saved := current_setting('lock_timeout');
 	BEGIN
 		PERFORM set_config('lock_timeout', ms::text, true);
-		/* one statement: nothing runs between taking and releasing it */
 		PERFORM pg_advisory_lock_shared(_idem_wake_class(), waker),
 				pg_advisory_unlock_shared(_idem_wake_class(), waker);
 		PERFORM set_config('lock_timeout', saved, true);
 	EXCEPTION WHEN lock_not_available THEN
-		NULL;					/* the time is up (the setting is restored) */
+		RETURN false;			/* the time is up (the setting is restored) */
 	END;
+	RETURN true;
 END
 $_idem_wait_for_claim$;
 

@@ -213,6 +213,7 @@ DECLARE
 	state text;
 	mine bool;
 	probed bool := false;
+	short_wait bool := true;
 	lock_deadline timestamptz;
 	new_token bigint;
 	new_checkpoint jsonb;
@@ -399,7 +400,11 @@ BEGIN
 			IF lock_deadline IS NULL AND current_setting('lock_timeout') NOT IN ('0', '0ms') THEN
 				lock_deadline := now + current_setting('lock_timeout')::interval;
 			END IF;
-			PERFORM _idem_wait_for_claim(r.waker, r.expires_at, lock_deadline);
+			/* short after a look that followed a wake-up, then long */
+			short_wait := CASE WHEN _idem_wait_for_claim(r.waker, r.expires_at, lock_deadline,
+														 CASE WHEN short_wait THEN 0.05
+															  ELSE _idem_wait_look() END)
+							   THEN true ELSE NOT short_wait END;
 			IF current_setting('transaction_isolation') <> 'read committed' THEN
 				/* no fresh snapshot: a newer version is a serialization failure */
 				PERFORM _idem_wait_for_writer(me, op, k);
