@@ -382,7 +382,8 @@ AS 'SELECT 1229651969';
 
 /*
  * Hold this backend's wake lock.  A session setting remembers that it is
- * held, so that the lock table is looked at only at a session's first
+ * held (idempotency_portable.wake_lock: the prefix idempotency is the C
+ * edition's, which reserves it where its library is loaded), so that the lock table is looked at only at a session's first
  * claim, after DISCARD ALL (which releases the lock and resets the
  * setting) or after a rollback undid the setting.
  */
@@ -394,7 +395,7 @@ AS $_idem_hold_wake_lock$
 DECLARE
 	me CONSTANT int := pg_backend_pid();
 BEGIN
-	IF current_setting('idempotency.wake_lock', true) = me::text THEN
+	IF current_setting('idempotency_portable.wake_lock', true) = me::text THEN
 		RETURN;
 	END IF;
 	IF EXISTS (SELECT FROM pg_locks l
@@ -402,7 +403,7 @@ BEGIN
 				  AND l.classid = _idem_wake_class()::oid AND l.objid = me::oid
 				  AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted)
 	   OR _idem_take_wake_lock() THEN
-		PERFORM set_config('idempotency.wake_lock', me::text, false);
+		PERFORM set_config('idempotency_portable.wake_lock', me::text, false);
 	END IF;
 END
 $_idem_hold_wake_lock$;
@@ -449,10 +450,10 @@ AS $_idem_wake_waiters$
 DECLARE
 	me CONSTANT int := pg_backend_pid();
 BEGIN
-	IF current_setting('idempotency.wake_lock', true) = me::text THEN
+	IF current_setting('idempotency_portable.wake_lock', true) = me::text THEN
 		PERFORM pg_advisory_unlock(_idem_wake_class(), me);
 		IF NOT (pg_try_advisory_lock(_idem_wake_class(), me) OR _idem_take_wake_lock()) THEN
-			PERFORM set_config('idempotency.wake_lock', '', false);
+			PERFORM set_config('idempotency_portable.wake_lock', '', false);
 		END IF;
 	END IF;
 END
@@ -924,8 +925,8 @@ BEGIN
 			IF new_token IS NULL THEN
 				CONTINUE;
 			END IF;
-			IF current_setting('idempotency.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
-				IF current_setting('idempotency.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+			IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+				IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
 			PERFORM _idem_hold_wake_lock();
 		END IF;
 			END IF;
@@ -1012,7 +1013,7 @@ BEGIN
 		IF NOT FOUND THEN
 			CONTINUE;			/* changed meanwhile: look again */
 		END IF;
-		IF current_setting('idempotency.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+		IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
 			PERFORM _idem_hold_wake_lock();
 		END IF;
 		RETURN ROW(CASE WHEN new_checkpoint IS NULL THEN 'new' ELSE 'recover' END,
@@ -1069,11 +1070,11 @@ BEGIN
 	IF NOT FOUND THEN
 		PERFORM _idem_raise_stale_token(operation, key, token);
 	END IF;
-	IF w = pg_backend_pid() AND current_setting('idempotency.wake_lock', true) = w::text THEN
+	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
 		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
 		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
 			IF NOT _idem_take_wake_lock() THEN
-				PERFORM set_config('idempotency.wake_lock', '', false);
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
 			END IF;
 		END IF;
 	END IF;
@@ -1108,11 +1109,11 @@ BEGIN
 	IF NOT FOUND THEN
 		RETURN false;
 	END IF;
-	IF w = pg_backend_pid() AND current_setting('idempotency.wake_lock', true) = w::text THEN
+	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
 		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
 		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
 			IF NOT _idem_take_wake_lock() THEN
-				PERFORM set_config('idempotency.wake_lock', '', false);
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
 			END IF;
 		END IF;
 	END IF;

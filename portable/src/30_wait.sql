@@ -61,7 +61,8 @@ AS 'SELECT 1229651969';
 
 /*
  * Hold this backend's wake lock.  A session setting remembers that it is
- * held, so that the lock table is looked at only at a session's first
+ * held (idempotency_portable.wake_lock: the prefix idempotency is the C
+ * edition's, which reserves it where its library is loaded), so that the lock table is looked at only at a session's first
  * claim, after DISCARD ALL (which releases the lock and resets the
  * setting) or after a rollback undid the setting.
  */
@@ -73,7 +74,7 @@ AS $_idem_hold_wake_lock$
 DECLARE
 	me CONSTANT int := pg_backend_pid();
 BEGIN
-	IF current_setting('idempotency.wake_lock', true) = me::text THEN
+	IF current_setting('idempotency_portable.wake_lock', true) = me::text THEN
 		RETURN;
 	END IF;
 	IF EXISTS (SELECT FROM pg_locks l
@@ -81,7 +82,7 @@ BEGIN
 				  AND l.classid = _idem_wake_class()::oid AND l.objid = me::oid
 				  AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted)
 	   OR _idem_take_wake_lock() THEN
-		PERFORM set_config('idempotency.wake_lock', me::text, false);
+		PERFORM set_config('idempotency_portable.wake_lock', me::text, false);
 	END IF;
 END
 $_idem_hold_wake_lock$;
@@ -128,10 +129,10 @@ AS $_idem_wake_waiters$
 DECLARE
 	me CONSTANT int := pg_backend_pid();
 BEGIN
-	IF current_setting('idempotency.wake_lock', true) = me::text THEN
+	IF current_setting('idempotency_portable.wake_lock', true) = me::text THEN
 		PERFORM pg_advisory_unlock(_idem_wake_class(), me);
 		IF NOT (pg_try_advisory_lock(_idem_wake_class(), me) OR _idem_take_wake_lock()) THEN
-			PERFORM set_config('idempotency.wake_lock', '', false);
+			PERFORM set_config('idempotency_portable.wake_lock', '', false);
 		END IF;
 	END IF;
 END

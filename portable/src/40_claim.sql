@@ -357,8 +357,8 @@ BEGIN
 			IF new_token IS NULL THEN
 				CONTINUE;
 			END IF;
-			IF current_setting('idempotency.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
-				IF current_setting('idempotency.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+			IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+				IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
 			PERFORM _idem_hold_wake_lock();
 		END IF;
 			END IF;
@@ -445,7 +445,7 @@ BEGIN
 		IF NOT FOUND THEN
 			CONTINUE;			/* changed meanwhile: look again */
 		END IF;
-		IF current_setting('idempotency.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+		IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
 			PERFORM _idem_hold_wake_lock();
 		END IF;
 		RETURN ROW(CASE WHEN new_checkpoint IS NULL THEN 'new' ELSE 'recover' END,
@@ -502,11 +502,11 @@ BEGIN
 	IF NOT FOUND THEN
 		PERFORM _idem_raise_stale_token(operation, key, token);
 	END IF;
-	IF w = pg_backend_pid() AND current_setting('idempotency.wake_lock', true) = w::text THEN
+	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
 		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
 		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
 			IF NOT _idem_take_wake_lock() THEN
-				PERFORM set_config('idempotency.wake_lock', '', false);
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
 			END IF;
 		END IF;
 	END IF;
@@ -541,11 +541,11 @@ BEGIN
 	IF NOT FOUND THEN
 		RETURN false;
 	END IF;
-	IF w = pg_backend_pid() AND current_setting('idempotency.wake_lock', true) = w::text THEN
+	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
 		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
 		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
 			IF NOT _idem_take_wake_lock() THEN
-				PERFORM set_config('idempotency.wake_lock', '', false);
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
 			END IF;
 		END IF;
 	END IF;
