@@ -67,16 +67,30 @@ done
 -- version and its update path (then ALTER EXTENSION idempotency UPDATE).
 \set ON_ERROR_STOP on
 BEGIN;
-SELECT pgtle.install_extension('idempotency', '$version',
-	'Idempotency-Key semantics inside PostgreSQL (portable edition in SQL and PL/pgSQL)',
+CREATE TEMPORARY TABLE idempotency_pgtle_script ON COMMIT DROP AS SELECT
 $delim
 EOF
 	sources | grep -v '^\\echo '
 	cat <<EOF
-$delim)
+$delim::pg_catalog.text AS body;
+-- a database without the extension: install it at this version
+SELECT pgtle.install_extension('idempotency', '$version',
+	'Idempotency-Key semantics inside PostgreSQL (portable edition in SQL and PL/pgSQL)', s.body)
+  FROM idempotency_pgtle_script s
+ WHERE NOT EXISTS (SELECT FROM pgtle.available_extensions() e
+					WHERE e.name OPERATOR(pg_catalog.=) 'idempotency');
+-- one with another version: add this one beside it
+SELECT pgtle.install_extension_version_sql('idempotency', '$version', s.body)
+  FROM idempotency_pgtle_script s
  WHERE NOT EXISTS (SELECT FROM pgtle.available_extension_versions() v
 					WHERE v.name OPERATOR(pg_catalog.=) 'idempotency'
 					  AND v.version OPERATOR(pg_catalog.=) '$version');
+-- ... the default if it is newer than the default
+SELECT pgtle.set_default_version('idempotency', '$version')
+  FROM pgtle.available_extensions() e
+ WHERE e.name OPERATOR(pg_catalog.=) 'idempotency'
+   AND pg_catalog.string_to_array(e.default_version, '.')::pg_catalog.int4[]
+	   OPERATOR(pg_catalog.<) pg_catalog.string_to_array('$version', '.')::pg_catalog.int4[];
 EOF
 	for f in update/idempotency--*--*.sql; do
 		[ -f "$f" ] || continue

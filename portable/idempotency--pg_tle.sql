@@ -7,8 +7,7 @@
 -- version and its update path (then ALTER EXTENSION idempotency UPDATE).
 \set ON_ERROR_STOP on
 BEGIN;
-SELECT pgtle.install_extension('idempotency', '1.6',
-	'Idempotency-Key semantics inside PostgreSQL (portable edition in SQL and PL/pgSQL)',
+CREATE TEMPORARY TABLE idempotency_pgtle_script ON COMMIT DROP AS SELECT
 $_idempotency_pgtle_$
 -- ---------------- from src/10_schema.sql ----------------
 /*
@@ -1689,8 +1688,23 @@ $_idem_check_schema$;
 
 SELECT FROM @extschema@._idem_check_schema();
 
-$_idempotency_pgtle_$)
+$_idempotency_pgtle_$::pg_catalog.text AS body;
+-- a database without the extension: install it at this version
+SELECT pgtle.install_extension('idempotency', '1.6',
+	'Idempotency-Key semantics inside PostgreSQL (portable edition in SQL and PL/pgSQL)', s.body)
+  FROM idempotency_pgtle_script s
+ WHERE NOT EXISTS (SELECT FROM pgtle.available_extensions() e
+					WHERE e.name OPERATOR(pg_catalog.=) 'idempotency');
+-- one with another version: add this one beside it
+SELECT pgtle.install_extension_version_sql('idempotency', '1.6', s.body)
+  FROM idempotency_pgtle_script s
  WHERE NOT EXISTS (SELECT FROM pgtle.available_extension_versions() v
 					WHERE v.name OPERATOR(pg_catalog.=) 'idempotency'
 					  AND v.version OPERATOR(pg_catalog.=) '1.6');
+-- ... the default if it is newer than the default
+SELECT pgtle.set_default_version('idempotency', '1.6')
+  FROM pgtle.available_extensions() e
+ WHERE e.name OPERATOR(pg_catalog.=) 'idempotency'
+   AND pg_catalog.string_to_array(e.default_version, '.')::pg_catalog.int4[]
+	   OPERATOR(pg_catalog.<) pg_catalog.string_to_array('1.6', '.')::pg_catalog.int4[];
 COMMIT;
