@@ -57,8 +57,11 @@ PROVE_TESTS = test/t/*.pl
 EXTRA_CLEAN = output_iso
 
 PG_CONFIG ?= pg_config
+# `make portable` alone needs no PostgreSQL installation (see the end)
+ifneq ($(MAKECMDGOALS),portable)
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+endif
 
 # every file may include any of our headers (PGXS tracks no header
 # dependencies);
@@ -97,3 +100,10 @@ idempotency--1.6.sql: $(srcdir)/idempotency--1.6.sql.in $(addprefix $(srcdir)/,$
 				if (!blank) print ""; \
 			} \
 		}' $(srcdir)/idempotency--1.6.sql.in > $@.tmp && mv $@.tmp $@
+
+# The portable edition (portable/README.md): its install files, generated
+# from portable/src/ by a shell script, with no pg_config and no headers.
+# They are committed; this is the one way to change them.
+portable:
+	sh $(or $(srcdir),.)/portable/generate.sh
+.PHONY: portable

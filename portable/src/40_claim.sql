@@ -1,0 +1,631 @@
+/*
+ * 40_claim.sql: the claim logic -- idem_begin, idem_finish, idem_abort,
+ * idem_renew, idem_checkpoint and idem_forget -- with the rules and the
+ * errors of the C edition (src/claim.c):
+ *
+ *	absent or expired			claim it: status 'new' with a fresh token, or
+ *								'recover' when it takes over a claim that
+ *								has a checkpoint
+ *	live, other fingerprint		IK422
+ *	pending, ours				IK409 (a transaction never waits on itself)
+ *	pending, another's			raise: IK409; wait: sleep until its finish,
+ *								abort, rollback or lease end, then look again
+ *	completed					'replay' -- or 40001 when a REPEATABLE READ
+ *								snapshot cannot see that result
+ *	completed, past its ttl		IK410
+ *	but remembered
+ *
+ * Every function runs with the caller's rights: the calling role is the
+ * records' namespace, and row-level security keeps it to its own rows.
+ * The functions that look a key up have enable_seqscan off: PL/pgSQL keeps
+ * a statement's generic plan, made when the table was small, and a
+ * sequential scan chosen then would make a batch that claims and finishes
+ * many keys in one transaction quadratic (12,000 keys: 89 s; with the
+ * primary key always: 3 s).
+ * No lock is held per key until commit (a transaction may claim any
+ * number of keys); how waiting works is in 30_wait.sql.
+ */
+
+/* ---- errors ---- */
+
+/* A fingerprint for a message: hex, whole up to 64 bytes, cut beyond */
+CREATE FUNCTION @extschema@._idem_fingerprint_text(fp pg_catalog.bytea)
+RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT CASE
+		WHEN fp IS NULL THEN 'NULL'
+		WHEN length(fp) > 64
+		THEN '\x' || encode(substr(fp, 1, 64), 'hex') || format('... (%s bytes)', length(fp))
+		ELSE '\x' || encode(fp, 'hex') END
+$$;
+
+CREATE FUNCTION @extschema@._idem_check_fingerprint(key pg_catalog.text, stored pg_catalog.bytea,
+													fingerprint pg_catalog.bytea)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $_idem_check_fingerprint$
+BEGIN
+	IF stored IS NOT DISTINCT FROM fingerprint THEN
+		RETURN;
+	END IF;
+	RAISE EXCEPTION 'idempotency key "%" was already used for a different request', key
+		USING ERRCODE = 'IK422',
+			  DETAIL = format('Stored fingerprint: %s. Request fingerprint: %s.',
+							  _idem_fingerprint_text(stored), _idem_fingerprint_text(fingerprint)),
+			  HINT = 'Use a new key for a new request.';
+END
+$_idem_check_fingerprint$;
+
+CREATE FUNCTION @extschema@._idem_raise_in_progress(operation pg_catalog.text, key pg_catalog.text,
+													ours pg_catalog.bool)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $_idem_raise_in_progress$
+BEGIN
+	IF ours THEN
+		RAISE EXCEPTION 'request with idempotency key "%" is already in progress', key
+			USING ERRCODE = 'IK409',
+				  DETAIL = format('This transaction already holds the key for operation "%s".', operation);
+	END IF;
+	RAISE EXCEPTION 'request with idempotency key "%" is already in progress', key
+		USING ERRCODE = 'IK409',
+			  DETAIL = format('Another attempt holds the key for operation "%s".', operation),
+			  HINT = 'Retry after the other attempt has finished.';
+END
+$_idem_raise_in_progress$;
+
+/*
+ * IK412 for a token that does not hold the key; the DETAIL says what the
+ * key's record shows, looked up once more for the message
+ */
+CREATE FUNCTION @extschema@._idem_raise_stale_token(operation pg_catalog.text, key pg_catalog.text,
+													token pg_catalog.int8)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
+AS $_idem_raise_stale_token$
+DECLARE
+	r record;
+	detail text;
+BEGIN
+	SELECT t.token, t.completed_at INTO r FROM idem_record t
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = _idem_raise_stale_token.operation
+	   AND t.key = _idem_raise_stale_token.key;
+	IF NOT FOUND THEN
+		detail := format('Role "%s" has no record of operation "%s" with this key: '
+						 'the claim was aborted, rolled back or purged after it expired, '
+						 'or the token was never issued for this key.',
+						 current_user, operation);
+	ELSIF r.token > token THEN
+		detail := format('The key is held by a claim with a greater token, now %s: '
+						 'this token''s claim was taken over after its lease lapsed, or was aborted, '
+						 'or the token was never issued for this key.',
+						 CASE WHEN r.completed_at IS NULL THEN 'pending' ELSE 'completed' END);
+	ELSIF r.token < token THEN
+		detail := 'The key''s record has a smaller token: '
+				  'this token was never issued for this key, '
+				  'or the transaction that claimed the key with it rolled back.';
+	ELSIF r.completed_at IS NOT NULL THEN
+		detail := 'The claim was finished already: its response is stored.';
+	ELSE
+		detail := 'The claim was changed by a concurrent transaction.';
+	END IF;
+	RAISE EXCEPTION 'token % does not hold idempotency key "%"', token, key
+		USING ERRCODE = 'IK412', DETAIL = detail;
+END
+$_idem_raise_stale_token$;
+
+/* 22023 for a lease longer than the ttl, showing both */
+CREATE FUNCTION @extschema@._idem_raise_lease_over_ttl(lease pg_catalog.int8, ttl pg_catalog.interval)
+RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $_idem_raise_lease_over_ttl$
+BEGIN
+	RAISE EXCEPTION 'idempotency lease must not be longer than its ttl'
+		USING ERRCODE = '22023',
+			  DETAIL = format('The lease is %s and the ttl is %s.',
+							  make_interval(secs => lease / 1000000.0), ttl);
+END
+$_idem_raise_lease_over_ttl$;
+
+/*
+ * A record's state as idem_begin takes it: pending, lapsed (the next claim
+ * takes it over), completed, remembered or expired.  mine: this
+ * transaction wrote it.
+ */
+CREATE FUNCTION @extschema@._idem_state(completed_at pg_catalog.timestamptz,
+										expires_at pg_catalog.timestamptz,
+										forget_at pg_catalog.timestamptz,
+										holder pg_catalog.int8, mine pg_catalog.bool,
+										now pg_catalog.timestamptz)
+RETURNS pg_catalog.text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+	SELECT CASE
+		WHEN completed_at IS NULL THEN
+			CASE WHEN mine THEN 'pending'
+				 WHEN expires_at <= now THEN 'lapsed'
+				 WHEN holder IS NOT NULL AND NOT _idem_session_alive(holder) THEN 'lapsed'
+				 ELSE 'pending' END
+		WHEN expires_at > now THEN 'completed'
+		WHEN forget_at > now THEN 'remembered'
+		ELSE 'expired' END
+$$;
+
+/* Insert a claim of an absent key; NULL when a record is there (committed meanwhile) */
+CREATE FUNCTION @extschema@._idem_insert_claim(me pg_catalog.regrole, op pg_catalog.text,
+	k pg_catalog.text, fp pg_catalog.bytea, ttl_iv pg_catalog.interval,
+	now pg_catalog.timestamptz, lease_us pg_catalog.int8, take pg_catalog.text,
+	remember_us pg_catalog.int8)
+RETURNS pg_catalog.int8
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+	INSERT INTO idem_record AS t
+		(role_id, operation, key, token, fingerprint, ttl, created_at,
+		 expires_at, holder, forget_at, waker, writer)
+	VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
+			now + make_interval(secs => lease_us / 1000000.0),
+			CASE WHEN take = 'session' THEN _idem_session_holder() END,
+			CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+			pg_backend_pid(), pg_current_xact_id())
+	ON CONFLICT DO NOTHING
+	RETURNING t.token
+$$;
+
+/* ---- idem_begin ---- */
+
+CREATE FUNCTION @extschema@.idem_begin(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	fingerprint	pg_catalog.bytea,
+	in_flight	pg_catalog.text DEFAULT NULL,
+	lease		pg_catalog.interval DEFAULT NULL,
+	ttl			pg_catalog.interval DEFAULT NULL,
+	takeover	pg_catalog.text DEFAULT NULL,
+	remember	pg_catalog.interval DEFAULT NULL)
+RETURNS @extschema@.idem_claim
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
+AS $idem_begin$
+DECLARE
+	op CONSTANT text := idem_begin.operation;
+	k CONSTANT text := idem_begin.key;
+	fp CONSTANT bytea := idem_begin.fingerprint;
+	me regrole;
+	policy text;
+	take text;
+	lease_us bigint;
+	ttl_iv interval;
+	ttl_us bigint;
+	remember_us bigint;
+	r record;
+	now timestamptz;
+	state text;
+	mine bool;
+	probed bool := false;
+	short_wait bool := true;
+	lock_deadline timestamptz;
+	new_token bigint;
+	new_checkpoint jsonb;
+	saved_lock_timeout text;
+BEGIN
+	/*
+	 * The arguments, or the settings that give their defaults.  The usual
+	 * call (no setting set, no optional argument) is checked inline, with
+	 * no function call: the helpers run only where there is something to
+	 * parse or an error to raise.
+	 */
+	IF op IS NULL OR k IS NULL OR char_length(op) NOT BETWEEN 1 AND 255
+	   OR char_length(k) NOT BETWEEN 1 AND 255 THEN
+		PERFORM _idem_check_name(op, 'operation'), _idem_check_name(k, 'key');
+	END IF;
+	IF length(fp) > 1024 THEN
+		RAISE EXCEPTION 'argument "%" is too long', 'fingerprint'
+			USING ERRCODE = '22023',
+				  DETAIL = format('It has %s bytes; at most %s are allowed.', length(fp), 1024),
+				  HINT = 'Pass a hash of the request, such as idem_fingerprint(...).';
+	END IF;
+	policy := lower(in_flight);
+	IF policy IS NULL THEN
+		policy := coalesce(nullif(current_setting('idempotency.in_flight', true), ''), 'wait');
+		IF policy <> 'wait' THEN
+			policy := coalesce(_idem_setting_word('idempotency.in_flight', '{wait,raise}'), 'wait');
+		END IF;
+	ELSIF policy NOT IN ('wait', 'raise') THEN
+		RAISE EXCEPTION 'unknown in_flight policy "%"', in_flight
+			USING ERRCODE = '22023', HINT = 'Use ''wait'' or ''raise''.';
+	END IF;
+	take := lower(takeover);
+	IF take IS NULL THEN
+		take := coalesce(nullif(current_setting('idempotency.takeover', true), ''), 'lease');
+		IF take <> 'lease' THEN
+			take := coalesce(_idem_setting_word('idempotency.takeover', '{lease,session}'), 'lease');
+		END IF;
+	ELSIF take NOT IN ('lease', 'session') THEN
+		RAISE EXCEPTION 'unknown takeover policy "%"', takeover
+			USING ERRCODE = '22023', HINT = 'Use ''lease'' or ''session''.';
+	END IF;
+	IF lease IS NOT NULL THEN
+		lease_us := _idem_usecs(lease, 'lease');
+	ELSIF nullif(current_setting('idempotency.lease', true), '') IS NULL THEN
+		lease_us := 30000000;
+	ELSE
+		lease_us := _idem_setting_number('idempotency.lease', 'ms', 1000, 2147483647000);
+	END IF;
+	IF ttl IS NOT NULL THEN
+		ttl_iv := ttl;
+		ttl_us := _idem_usecs(ttl, 'ttl');
+	ELSIF nullif(current_setting('idempotency.ttl', true), '') IS NULL THEN
+		ttl_iv := interval '24 hours';
+		ttl_us := 86400000000;
+	ELSE
+		ttl_us := _idem_setting_number('idempotency.ttl', 's', 60000000, 2147483647000000);
+		ttl_iv := make_interval(secs => ttl_us / 1000000.0);
+	END IF;
+	IF remember IS NOT NULL THEN
+		remember_us := _idem_usecs(remember, 'remember');
+	ELSIF nullif(current_setting('idempotency.remember', true), '') IS NULL THEN
+		remember_us := 0;
+	ELSE
+		remember_us := _idem_setting_number('idempotency.remember', 's', 0, 2147483647000000);
+	END IF;
+	IF nullif(current_setting('idempotency.max_response_size', true), '') IS NOT NULL THEN
+		PERFORM _idem_max_response_size();		/* an invalid one fails every call */
+	END IF;
+	IF remember_us < 0 THEN
+		RAISE EXCEPTION 'idempotency remember must not be negative' USING ERRCODE = '22023';
+	END IF;
+	IF lease_us <= 0 THEN
+		RAISE EXCEPTION 'idempotency lease must be positive' USING ERRCODE = '22023';
+	END IF;
+	IF ttl_us < 60000000 THEN
+		RAISE EXCEPTION 'idempotency ttl must be at least 1 minute' USING ERRCODE = '22023';
+	END IF;
+	IF lease_us > ttl_us THEN
+		PERFORM _idem_raise_lease_over_ttl(lease_us, ttl_iv);
+	END IF;
+	/* a default shorter than the ttl adds nothing; an argument that says so is an error */
+	IF remember_us <> 0 AND remember_us < ttl_us AND remember IS NULL THEN
+		remember_us := 0;
+	END IF;
+	IF remember_us <> 0 AND remember_us < ttl_us THEN
+		RAISE EXCEPTION 'idempotency remember must not be shorter than its ttl'
+			USING ERRCODE = '22023',
+				  DETAIL = 'A key is remembered from its completion, after its response has been kept for the ttl.';
+	END IF;
+	IF current_setting('transaction_read_only') = 'on' THEN
+		PERFORM _idem_check_writable('idem_begin()');
+	END IF;
+
+	me := quote_ident(current_user)::regrole;
+	LOOP
+		now := clock_timestamp();
+		SELECT t.token, t.fingerprint, t.completed_at, t.expires_at, t.response, t.holder,
+			   t.checkpoint, t.forget_at, t.waker, t.writer,
+			   t.xmax::text <> '0' AS busy
+		  INTO r
+		  FROM idem_record t
+		 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k;
+
+		IF NOT FOUND THEN
+			/*
+			 * Absent: insert.  A transaction inserting the same key makes
+			 * the insert wait for its end (raise: at most a millisecond,
+			 * then IK409); a committed record makes it do nothing: look
+			 * again.  Under REPEATABLE READ a record committed after the
+			 * snapshot is a serialization failure.
+			 */
+			IF policy = 'wait' AND current_setting('transaction_isolation') = 'read committed' THEN
+				INSERT INTO idem_record AS t
+					(role_id, operation, key, token, fingerprint, ttl, created_at,
+					 expires_at, holder, forget_at, waker, writer)
+				VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
+						now + make_interval(secs => lease_us / 1000000.0),
+						CASE WHEN take = 'session' THEN _idem_session_holder() END,
+						CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+						pg_backend_pid(), pg_current_xact_id())
+				ON CONFLICT DO NOTHING
+				RETURNING t.token INTO new_token;
+			ELSE
+				saved_lock_timeout := current_setting('lock_timeout');
+				BEGIN
+					IF policy = 'raise' THEN
+						PERFORM set_config('lock_timeout', '1', true);
+					END IF;
+					new_token := _idem_insert_claim(me, op, k, fp, ttl_iv, now, lease_us, take, remember_us);
+					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+				EXCEPTION
+					WHEN lock_not_available THEN
+						PERFORM _idem_raise_in_progress(op, k, false);
+					WHEN serialization_failure THEN
+						RAISE EXCEPTION 'could not serialize access due to a concurrent request with idempotency key "%"', k
+							USING ERRCODE = '40001',
+								  DETAIL = 'Its result was committed after this transaction''s snapshot was taken.',
+								  HINT = 'Retry the transaction: the retry will replay the result.';
+				END;
+			END IF;
+			IF new_token IS NULL THEN
+				CONTINUE;
+			END IF;
+			IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+				IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+			PERFORM _idem_hold_wake_lock();
+		END IF;
+			END IF;
+			RETURN ROW('new', new_token, NULL)::idem_claim;
+		END IF;
+
+		mine := coalesce(r.writer = pg_current_xact_id_if_assigned(), false);
+		/* _idem_state, inline */
+		IF r.completed_at IS NULL THEN
+			state := CASE WHEN mine THEN 'pending'
+						  WHEN r.expires_at <= now THEN 'lapsed'
+						  WHEN r.holder IS NOT NULL AND NOT _idem_session_alive(r.holder) THEN 'lapsed'
+						  ELSE 'pending' END;
+		ELSE
+			state := CASE WHEN r.expires_at > now THEN 'completed'
+						  WHEN r.forget_at > now THEN 'remembered'
+						  ELSE 'expired' END;
+		END IF;
+
+		IF state IN ('pending', 'completed') THEN
+			IF r.fingerprint IS DISTINCT FROM fp THEN
+				PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
+			END IF;
+			IF state = 'completed' THEN
+				RETURN ROW('replay', NULL, r.response)::idem_claim;
+			END IF;
+			IF mine THEN
+				PERFORM _idem_raise_in_progress(op, k, true);
+			END IF;
+			IF policy = 'raise' THEN
+				PERFORM _idem_raise_in_progress(op, k, false);
+			END IF;
+			/* wait: for a transaction writing it, or for the claim's end */
+			IF r.busy AND NOT probed THEN
+				PERFORM _idem_wait_for_writer(me, op, k);
+				probed := true;
+				CONTINUE;
+			END IF;
+			IF lock_deadline IS NULL AND current_setting('lock_timeout') NOT IN ('0', '0ms') THEN
+				lock_deadline := now + current_setting('lock_timeout')::interval;
+			END IF;
+			/* short after a look that followed a wake-up, then long */
+			short_wait := CASE WHEN _idem_wait_for_claim(r.waker, r.expires_at, lock_deadline,
+														 CASE WHEN short_wait THEN 0.05
+															  ELSE _idem_wait_look() END)
+							   THEN true ELSE NOT short_wait END;
+			IF current_setting('transaction_isolation') <> 'read committed' THEN
+				/* no fresh snapshot: a newer version is a serialization failure */
+				PERFORM _idem_wait_for_writer(me, op, k);
+			END IF;
+			probed := false;
+			CONTINUE;
+		END IF;
+
+		IF state = 'remembered' THEN
+			PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
+			RAISE EXCEPTION 'request with idempotency key "%" was completed, and its stored response has expired', k
+				USING ERRCODE = 'IK410',
+					  DETAIL = format('It was completed at %s; its response was kept until %s, the key is remembered until %s.',
+									  r.completed_at, r.expires_at, r.forget_at),
+					  HINT = 'Do not run the request again; use a new key for a new request.';
+		END IF;
+
+		/*
+		 * Lapsed or expired: take it over, if it is still the version we
+		 * looked at.  An update waits for a transaction writing it (in
+		 * either policy, as the C edition does: a purge or a takeover), then
+		 * finds the row changed and looks again.
+		 */
+		UPDATE idem_record t
+		   SET token = greatest(nextval('idem_token_seq'), t.token + 1),
+			   fingerprint = fp, ttl = ttl_iv, created_at = now, completed_at = NULL,
+			   expires_at = now + make_interval(secs => lease_us / 1000000.0),
+			   response = NULL,
+			   holder = CASE WHEN take = 'session' THEN _idem_session_holder() END,
+			   checkpoint = CASE WHEN t.completed_at IS NULL THEN t.checkpoint END,
+			   takeovers = CASE WHEN t.completed_at IS NULL THEN t.takeovers + 1 ELSE 0 END,
+			   forget_at = CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+			   waker = pg_backend_pid(), writer = pg_current_xact_id()
+		 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k
+		   AND t.token = r.token AND t.expires_at = r.expires_at
+		   AND t.completed_at IS NOT DISTINCT FROM r.completed_at
+		RETURNING t.token, t.checkpoint INTO new_token, new_checkpoint;
+		IF NOT FOUND THEN
+			CONTINUE;			/* changed meanwhile: look again */
+		END IF;
+		IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
+			PERFORM _idem_hold_wake_lock();
+		END IF;
+		RETURN ROW(CASE WHEN new_checkpoint IS NULL THEN 'new' ELSE 'recover' END,
+				   new_token, new_checkpoint)::idem_claim;
+	END LOOP;
+END
+$idem_begin$;
+
+/* ---- idem_finish, idem_abort, idem_renew, idem_checkpoint ---- */
+
+CREATE FUNCTION @extschema@.idem_finish(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	token		pg_catalog.int8,
+	response	pg_catalog.jsonb)
+RETURNS pg_catalog.void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
+AS $idem_finish$
+DECLARE
+	now CONSTANT timestamptz := clock_timestamp();
+	w int;
+	max_size bigint;
+BEGIN
+	IF operation IS NULL OR key IS NULL OR token IS NULL OR response IS NULL
+	   OR char_length(operation) NOT BETWEEN 1 AND 255 OR char_length(key) NOT BETWEEN 1 AND 255 THEN
+		PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+				_idem_require(token IS NULL, 'token'), _idem_check_response(response, 'response');
+	END IF;
+	max_size := CASE WHEN nullif(current_setting('idempotency.max_response_size', true), '') IS NULL
+					 THEN 65536 ELSE _idem_max_response_size() END;
+	IF pg_column_size(response) > max_size OR octet_length(response::text) > max_size THEN
+		PERFORM _idem_check_response(response, 'response');
+	END IF;
+	IF current_setting('transaction_read_only') = 'on' THEN
+		PERFORM _idem_check_writable('idem_finish()');
+	END IF;
+	/* the ttl's months count 30 days, as in the C edition */
+	UPDATE idem_record t
+	   SET completed_at = now,
+		   expires_at = now + t.ttl
+						- make_interval(years => extract(year FROM t.ttl)::int,
+										months => extract(month FROM t.ttl)::int)
+						+ make_interval(days => ((extract(year FROM t.ttl) * 12
+												  + extract(month FROM t.ttl)) * 30)::int),
+		   response = idem_finish.response, checkpoint = NULL, holder = NULL,
+		   forget_at = now + (t.forget_at - t.created_at),
+		   writer = pg_current_xact_id()
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_finish.operation AND t.key = idem_finish.key
+	   AND t.token = idem_finish.token AND t.completed_at IS NULL
+	RETURNING t.waker INTO w;
+	IF NOT FOUND THEN
+		PERFORM _idem_raise_stale_token(operation, key, token);
+	END IF;
+	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
+		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
+		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+			IF NOT _idem_take_wake_lock() THEN
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
+			END IF;
+		END IF;
+	END IF;
+END
+$idem_finish$;
+
+CREATE FUNCTION @extschema@.idem_abort(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	token		pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
+AS $idem_abort$
+DECLARE
+	w int;
+BEGIN
+	IF operation IS NULL OR key IS NULL OR token IS NULL
+	   OR char_length(operation) NOT BETWEEN 1 AND 255 OR char_length(key) NOT BETWEEN 1 AND 255 THEN
+		PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+				_idem_require(token IS NULL, 'token');
+	END IF;
+	IF current_setting('transaction_read_only') = 'on' THEN
+		PERFORM _idem_check_writable('idem_abort()');
+	END IF;
+	DELETE FROM idem_record t
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_abort.operation AND t.key = idem_abort.key
+	   AND t.token = idem_abort.token AND t.completed_at IS NULL
+	RETURNING t.waker INTO w;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
+		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
+		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+			IF NOT _idem_take_wake_lock() THEN
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
+			END IF;
+		END IF;
+	END IF;
+	RETURN true;
+END
+$idem_abort$;
+
+CREATE FUNCTION @extschema@.idem_renew(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	token		pg_catalog.int8,
+	lease		pg_catalog.interval)
+RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
+AS $idem_renew$
+DECLARE
+	lease_us bigint;
+	r record;
+BEGIN
+	PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+			_idem_require(token IS NULL, 'token'), _idem_require(lease IS NULL, 'lease');
+	lease_us := _idem_usecs(lease, 'lease');
+	IF lease_us <= 0 THEN
+		RAISE EXCEPTION 'idempotency lease must be positive' USING ERRCODE = '22023';
+	END IF;
+	PERFORM _idem_check_writable('idem_renew()');
+	SELECT t.ttl INTO r FROM idem_record t
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_renew.operation AND t.key = idem_renew.key
+	   AND t.token = idem_renew.token AND t.completed_at IS NULL;
+	IF FOUND AND lease_us > _idem_usecs(r.ttl, 'ttl') THEN
+		PERFORM _idem_raise_lease_over_ttl(lease_us, r.ttl);
+	END IF;
+	UPDATE idem_record t
+	   SET expires_at = clock_timestamp() + make_interval(secs => lease_us / 1000000.0),
+		   writer = pg_current_xact_id()
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_renew.operation AND t.key = idem_renew.key
+	   AND t.token = idem_renew.token AND t.completed_at IS NULL
+	RETURNING t.expires_at, t.ttl INTO r;
+	IF NOT FOUND THEN
+		PERFORM _idem_raise_stale_token(operation, key, token);
+	END IF;
+	RETURN r.expires_at;
+END
+$idem_renew$;
+
+CREATE FUNCTION @extschema@.idem_checkpoint(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	token		pg_catalog.int8,
+	state		pg_catalog.jsonb)
+RETURNS pg_catalog.void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
+AS $idem_checkpoint$
+BEGIN
+	PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+			_idem_require(token IS NULL, 'token'), _idem_check_response(state, 'state'),
+			_idem_check_writable('idem_checkpoint()');
+	UPDATE idem_record t
+	   SET checkpoint = idem_checkpoint.state, writer = pg_current_xact_id()
+	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+	   AND t.operation = idem_checkpoint.operation AND t.key = idem_checkpoint.key
+	   AND t.token = idem_checkpoint.token AND t.completed_at IS NULL;
+	IF NOT FOUND THEN
+		PERFORM _idem_raise_stale_token(operation, key, token);
+	END IF;
+END
+$idem_checkpoint$;
+
+GRANT EXECUTE ON FUNCTION
+	@extschema@.idem_begin(pg_catalog.text, pg_catalog.text, pg_catalog.bytea,
+						   pg_catalog.text, pg_catalog.interval, pg_catalog.interval,
+						   pg_catalog.text, pg_catalog.interval),
+	@extschema@.idem_finish(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb),
+	@extschema@.idem_abort(pg_catalog.text, pg_catalog.text, pg_catalog.int8),
+	@extschema@.idem_renew(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.interval),
+	@extschema@.idem_checkpoint(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.jsonb)
+TO PUBLIC;
