@@ -473,7 +473,7 @@ def check_version(installed: str | None, required: tuple[int, int] = REQUIRED_VE
 # ------------------------------------------------------------------ records
 
 RECORD_SQL = ("SELECT state, token, created_at, lease_until, completed_at, expires_at, remembered_until,"
-              " lease_until - clock_timestamp()"
+              " lease_until - clock_timestamp(), clock_timestamp() - created_at"
               "  FROM idem_inspect(%(operation)s::text, %(key)s::text)")
 
 
@@ -481,7 +481,8 @@ RECORD_SQL = ("SELECT state, token, created_at, lease_until, completed_at, expir
 class Record:
     """``idem_inspect``'s row for a key (docs/api.md, "Operations"), and
     ``lease_remaining``: the time left of a pending claim's lease, by the
-    server's clock (negative once it lapsed)."""
+    server's clock (negative once it lapsed); ``age``: how long ago the
+    record was made, by the same clock."""
 
     state: str
     token: int
@@ -491,6 +492,7 @@ class Record:
     expires_at: datetime | None
     remembered_until: datetime | None
     lease_remaining: timedelta | None
+    age: timedelta | None = None
 
 
 def serialization_retry(err: psycopg.Error, attempt: int) -> bool:

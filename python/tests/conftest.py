@@ -11,10 +11,13 @@ async tests run their coroutines with asyncio.run (no pytest plugin needed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -139,3 +142,24 @@ def own_server() -> Iterator[Server]:
             server.ctl("-m", "immediate", "stop")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on 127.0.0.1 (a port of its own), in a
+    thread with its own event loop (its startup and shutdown handlers run
+    there); yields the base URL."""
+    import uvicorn  # type: ignore[import]
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_for("uvicorn starts", lambda: server.started or not thread.is_alive())
+        assert server.started, "uvicorn did not start"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(DEADLINE_S)
+        sock.close()
