@@ -35,7 +35,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import _core
 from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
-                    AsyncIdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)  # sync: ClaimState, IdempotentFunction, Outcome, Record, Settings, db_errors)
+                    AsyncDecorator, AsyncIdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)
 from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
                      WaitTimeoutError)
 
@@ -582,7 +582,7 @@ class AsyncCoordinator:
                    lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                    remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                    on_store_error: str = "raise"
-                   ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:  # sync: ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
+                   ) -> AsyncDecorator:
         """:func:`idempotent` bound to this coordinator (``coordinator=self``)."""
         return idempotent(operation, coordinator=self, fingerprint_params=fingerprint_params,
                           key_param=key_param, result_type=result_type, recover=recover,
@@ -596,7 +596,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                on_store_error: str = "raise"
-               ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:  # sync: ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
+               ) -> AsyncDecorator:
     # async {
     """Decorate an ``async def`` that takes the key as ``key_param``
     (default ``idempotency_key=``).
@@ -750,7 +750,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
         wrapper.outcome = outcome  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
-    return decorate
+    return cast(AsyncDecorator, decorate)
 
 
 async def _run_or_abort(claim: AsyncClaim, func: Callable[..., Awaitable[Any]],  # sync: def _run_or_abort(claim: Claim, func: Callable[..., Any],

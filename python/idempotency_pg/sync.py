@@ -23,7 +23,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import _core
 from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
-                    ClaimState, IdempotentFunction, Outcome, Record, Settings, db_errors)
+                    Decorator, IdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)
 from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
                      WaitTimeoutError)
 
@@ -489,7 +489,7 @@ class Coordinator:
                    lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                    remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                    on_store_error: str = "raise"
-                   ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
+                   ) -> Decorator:
         """:func:`idempotent` bound to this coordinator (``coordinator=self``)."""
         return idempotent(operation, coordinator=self, fingerprint_params=fingerprint_params,
                           key_param=key_param, result_type=result_type, recover=recover,
@@ -503,7 +503,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                on_store_error: str = "raise"
-               ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
+               ) -> Decorator:
     """Decorate a function that takes the key as ``key_param``
     (default ``idempotency_key=``).
 
@@ -601,7 +601,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
         wrapper.outcome = outcome  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
-    return decorate
+    return cast(Decorator, decorate)
 
 
 def _run_or_abort(claim: Claim, func: Callable[..., Any],
