@@ -18,7 +18,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 import idempotency_pg as idem
-from idempotency_pg.fastapi import idempotent_route
+from idempotency_pg.fastapi import IDEMPOTENCY_RESPONSES, idempotent_route
 
 OP = "http.effects"
 TYPE = "urn:idempotency:problem:"
@@ -44,7 +44,7 @@ def make_app(ran: list[str], tasks: list[str]) -> FastAPI:
         c: idem.AsyncCoordinator = app.state.coordinator
         return c
 
-    @app.post("/receipt", status_code=201)
+    @app.post("/receipt", status_code=201, responses=IDEMPOTENCY_RESPONSES)
     @idempotent_route(OP + ".receipt", coordinator=coordinator, status_code=201)
     async def receipt(*, idempotency_key: str) -> Response:
         ran.append(idempotency_key)
@@ -107,3 +107,16 @@ def test_effects(admin: psycopg.Connection[Any]) -> None:
 def test_checkpoint_without_recover_is_refused() -> None:
     with pytest.raises(TypeError, match="recover"):
         idempotent_route(OP, coordinator=lambda: None, checkpoint=lambda **_: {"step": 1})
+
+
+def test_openapi(admin: psycopg.Connection[Any]) -> None:
+    """The schema shows the Idempotency-Key header, the route's own status
+    and the refusals it adds."""
+    with serve(make_app([], [])) as base:
+        schema = httpx.get(base + "/openapi.json", timeout=60).json()
+    post = schema["paths"]["/receipt"]["post"]
+    headers = [p for p in post["parameters"] if p["in"] == "header"]
+    assert [h["name"] for h in headers] == ["Idempotency-Key"], post["parameters"]
+    assert "200" not in post["responses"]
+    assert {"201", "400", "409", "410", "422", "503"} <= set(post["responses"]), post["responses"]
+    assert "application/problem+json" in post["responses"]["422"]["content"]
