@@ -19,7 +19,7 @@ import httpx
 import psycopg
 import pytest
 from conftest import DEADLINE_S, serve
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel

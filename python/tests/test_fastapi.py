@@ -5,7 +5,6 @@ HTTP table."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
