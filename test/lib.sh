@@ -153,7 +153,8 @@ end_children() {
 # bookworm, trixie and sid); test/chroot.sh installs them in the chroots.
 PYTHON_MODULES="psycopg:python3-psycopg psycopg_pool:python3-psycopg-pool pytest:python3-pytest
 	pydantic:python3-pydantic fastapi:python3-fastapi uvicorn:python3-uvicorn httpx:python3-httpx
-	mypy:python3-mypy"
+	mypy:python3-mypy pip:python3-pip setuptools:python3-setuptools
+	flake8:python3-flake8"
 
 pkg_installed() {
 	dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null | grep -qx installed

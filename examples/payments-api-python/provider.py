@@ -10,8 +10,8 @@ second call with the same key returns the first charge and charges nothing.
 Each call is counted (``calls``), so a test sees an API that called twice
 even though the customer was charged once; a call that reuses a key with
 other parameters is refused.  ``find`` answers whether a charge was made with
-a key (the API asks it after taking over a dead attempt's claim, app.py).  For ``flaky_customers`` the first call per key
-times out without charging: errors must not be cached."""
+a key (the API asks it after taking over a dead attempt's claim, app.py).  For
+``flaky_customers`` the first call per key times out without charging: errors must not be cached."""
 
 from __future__ import annotations
 

@@ -13,11 +13,13 @@ calls it.  ``idempotency_pg.fastapi`` maps it to HTTP.
 """
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, Concatenate, TypeVar, overload
 
 from . import aio, encoding, sync
-from ._core import (OUTCOMES, REQUIRED_VERSION, AsyncIdempotentFunction, Binding, ClaimState, Duration,
-                    IdempotentFunction, Outcome, OutcomeHook, P, Record, current_claim)
+from ._core import (OUTCOMES, REQUIRED_VERSION, AsyncBoundIdempotentFunction, AsyncDecorator,
+                    AsyncIdempotentFunction, AsyncIdempotentMethod, Binding, BoundIdempotentFunction, ClaimState,
+                    Decorator, Duration, IdempotentFunction, IdempotentMethod, Outcome, OutcomeHook, P, Record,
+                    current_claim)
 from .aio import AsyncClaim, AsyncCoordinator
 from .errors import (ExtensionVersionError, IdempotencyError, InProgressError, InvalidRequestError,
                      KeyReuseError, LostClaimError, RecoveryNeededError, ResponseExpiredError,
@@ -29,6 +31,7 @@ from .sync import Claim, Coordinator
 __version__ = "1.6.0"
 
 R = TypeVar("R")
+S = TypeVar("S")
 
 
 class _Decorator:
@@ -41,7 +44,14 @@ class _Decorator:
         self._options = options
 
     @overload
-    def __call__(self, func: Callable[P, Awaitable[R]]) -> AsyncIdempotentFunction[P, R]: ...  # type: ignore
+    def __call__(self, func: Callable[Concatenate[S, P], Awaitable[R]]  # type: ignore[misc]
+                 ) -> AsyncIdempotentMethod[S, P, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, Awaitable[R]]) -> AsyncIdempotentFunction[P, R]: ...  # type: ignore[misc]
+
+    @overload
+    def __call__(self, func: Callable[Concatenate[S, P], R]) -> IdempotentMethod[S, P, R]: ...  # type: ignore[misc]
 
     @overload
     def __call__(self, func: Callable[P, R]) -> IdempotentFunction[P, R]: ...
@@ -75,8 +85,10 @@ def idempotent(operation: str, *, coordinator: Binding, fingerprint_params: Sequ
 
 
 __all__ = [
-    "__version__", "AsyncClaim", "AsyncCoordinator", "AsyncIdempotentFunction", "Binding", "Claim", "ClaimState",
-    "Coordinator", "Duration", "ExtensionVersionError", "IdempotencyError", "IdempotentFunction",
+    "__version__", "AsyncBoundIdempotentFunction", "AsyncClaim", "AsyncCoordinator", "AsyncDecorator",
+    "AsyncIdempotentFunction", "AsyncIdempotentMethod", "Binding", "BoundIdempotentFunction", "Claim",
+    "ClaimState", "Coordinator", "Decorator", "Duration", "ExtensionVersionError", "IdempotencyError",
+    "IdempotentFunction", "IdempotentMethod",
     "InProgressError", "InvalidRequestError", "KeyReuseError", "LostClaimError", "OUTCOMES", "Outcome",
     "OutcomeHook", "REQUIRED_VERSION", "Record", "RecoveryNeededError", "ResponseExpiredError",
     "ResponseNotStoredError", "ResponseTooLargeError", "WaitTimeoutError", "aio", "current_claim",

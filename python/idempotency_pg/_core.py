@@ -10,11 +10,11 @@ import logging
 import math
 import re
 import typing
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -234,7 +234,9 @@ def lost_connection(conn: Any, err: BaseException) -> bool:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+S = TypeVar("S")
 R_co = TypeVar("R_co", covariant=True)
+S_contra = TypeVar("S_contra", contravariant=True)
 
 
 class IdempotentFunction(Protocol[P, R_co]):
@@ -247,6 +249,30 @@ class IdempotentFunction(Protocol[P, R_co]):
     def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Outcome: ...
 
 
+class BoundIdempotentFunction(Protocol[P, R_co]):
+    """A decorated method reached through an instance: called as the method
+    is (``outcome`` is reached through the class)."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+
+class IdempotentMethod(Protocol[S_contra, P, R_co]):
+    """What ``Coordinator.idempotent`` makes of a function with a first
+    positional parameter, such as a method's ``self``: called as the
+    function is, ``outcome(...)``, and bound to an instance when reached
+    through one (``payments.charge(...)``)."""
+
+    def __call__(self, instance: S_contra, /, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def outcome(self, instance: S_contra, /, *args: P.args, **kwargs: P.kwargs) -> Outcome: ...
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any] | None = None) -> IdempotentMethod[S_contra, P, R_co]: ...
+
+    @overload
+    def __get__(self, instance: S_contra, owner: type[Any] | None = None) -> BoundIdempotentFunction[P, R_co]: ...
+
+
 class AsyncIdempotentFunction(Protocol[P, R_co]):
     """What ``AsyncCoordinator.idempotent`` makes of an ``async def``:
     awaited as the function is, and ``await outcome(...)`` -- the same
@@ -255,6 +281,54 @@ class AsyncIdempotentFunction(Protocol[P, R_co]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]: ...
 
     def outcome(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, Outcome]: ...
+
+
+class AsyncBoundIdempotentFunction(Protocol[P, R_co]):
+    """:class:`BoundIdempotentFunction` for an ``async def``."""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]: ...
+
+
+class AsyncIdempotentMethod(Protocol[S_contra, P, R_co]):
+    """:class:`IdempotentMethod` for an ``async def``."""
+
+    def __call__(self, instance: S_contra, /, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]: ...
+
+    def outcome(self, instance: S_contra, /, *args: P.args,
+                **kwargs: P.kwargs) -> Coroutine[Any, Any, Outcome]: ...
+
+    @overload
+    def __get__(self, instance: None,
+                owner: type[Any] | None = None) -> AsyncIdempotentMethod[S_contra, P, R_co]: ...
+
+    @overload
+    def __get__(self, instance: S_contra,
+                owner: type[Any] | None = None) -> AsyncBoundIdempotentFunction[P, R_co]: ...
+
+
+class Decorator(Protocol):
+    """What ``Coordinator.idempotent(...)`` returns: it keeps the decorated
+    function's signature, and binds a method's ``self``."""
+
+    # a function with a first positional parameter matches both: the first wins
+    @overload
+    def __call__(self, func: Callable[Concatenate[S, P], R]) -> IdempotentMethod[S, P, R]: ...  # type: ignore[misc]
+
+    @overload
+    def __call__(self, func: Callable[P, R]) -> IdempotentFunction[P, R]: ...
+
+
+class AsyncDecorator(Protocol):
+    """What ``AsyncCoordinator.idempotent(...)`` returns: it keeps the
+    decorated ``async def``'s signature, and binds a method's ``self``."""
+
+    # a function with a first positional parameter matches both: the first wins
+    @overload
+    def __call__(self, func: Callable[Concatenate[S, P], Awaitable[R]]  # type: ignore[misc]
+                 ) -> AsyncIdempotentMethod[S, P, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, Awaitable[R]]) -> AsyncIdempotentFunction[P, R]: ...
 
 
 def from_json(value: Any, result_type: Any | None) -> Any:
@@ -473,7 +547,7 @@ def check_version(installed: str | None, required: tuple[int, int] = REQUIRED_VE
 # ------------------------------------------------------------------ records
 
 RECORD_SQL = ("SELECT state, token, created_at, lease_until, completed_at, expires_at, remembered_until,"
-              " lease_until - clock_timestamp()"
+              " lease_until - clock_timestamp(), clock_timestamp() - created_at"
               "  FROM idem_inspect(%(operation)s::text, %(key)s::text)")
 
 
@@ -481,7 +555,8 @@ RECORD_SQL = ("SELECT state, token, created_at, lease_until, completed_at, expir
 class Record:
     """``idem_inspect``'s row for a key (docs/api.md, "Operations"), and
     ``lease_remaining``: the time left of a pending claim's lease, by the
-    server's clock (negative once it lapsed)."""
+    server's clock (negative once it lapsed); ``age``: how long ago the
+    record was made, by the same clock."""
 
     state: str
     token: int
@@ -491,6 +566,7 @@ class Record:
     expires_at: datetime | None
     remembered_until: datetime | None
     lease_remaining: timedelta | None
+    age: timedelta | None = None
 
 
 def serialization_retry(err: psycopg.Error, attempt: int) -> bool:

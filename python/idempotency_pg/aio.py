@@ -31,11 +31,11 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import _core
 from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
-                    AsyncIdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)  # sync: ClaimState, IdempotentFunction, Outcome, Record, Settings, db_errors)
+                    AsyncDecorator, AsyncIdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)
 from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
                      WaitTimeoutError)
 
@@ -92,14 +92,20 @@ async def _autocommit(pool: AsyncConnectionPool, sql: str, params: Any, prepare:
     """One statement in autocommit on a connection of ``pool``, which goes
     back to the pool as soon as the statement is done."""
     async with pool.connection() as conn:
-        if conn.autocommit:
-            return await _execute(conn, sql, params, prepare)
-        await conn.set_autocommit(True)  # sync: conn.autocommit = True
-        try:
-            return await _execute(conn, sql, params, prepare)
-        finally:
-            if not conn.closed:
-                await conn.set_autocommit(False)  # sync: conn.autocommit = False
+        return await _autocommit_on(conn, sql, params, prepare)
+
+
+async def _autocommit_on(conn: AsyncConnection[Any], sql: str, params: Any, prepare: bool | None) -> Row:
+    """One statement in autocommit on ``conn``, a pool's connection, whose
+    autocommit is put back as it was."""
+    if conn.autocommit:
+        return await _execute(conn, sql, params, prepare)
+    await conn.set_autocommit(True)  # sync: conn.autocommit = True
+    try:
+        return await _execute(conn, sql, params, prepare)
+    finally:
+        if not conn.closed and not conn.broken:
+            await conn.set_autocommit(False)  # sync: conn.autocommit = False
 
 
 async def _checkout(pool: AsyncConnectionPool) -> tuple[AsyncConnection[Any], bool]:
@@ -128,9 +134,10 @@ async def _checkin(pool: AsyncConnectionPool, conn: AsyncConnection[Any], switch
         await pool.putconn(conn)
 
 
-async def _connect(pool: AsyncConnectionPool) -> AsyncConnection[Any]:
-    """A new connection with ``pool``'s settings, in autocommit, outside the
-    pool: after a lost connection, the pool's idle ones may be lost too."""
+async def _connect(pool: AsyncConnectionPool, **options: Any) -> AsyncConnection[Any]:
+    """A new connection with ``pool``'s settings (and ``options``), in
+    autocommit, outside the pool: after a lost connection, the pool's idle
+    ones may be lost too."""
     conninfo = pool_setting(pool.conninfo)
     given = pool_setting(pool.kwargs)
     # async {
@@ -139,9 +146,28 @@ async def _connect(pool: AsyncConnectionPool) -> AsyncConnection[Any]:
     if inspect.isawaitable(given):
         given = await given
     # }
-    kwargs: dict[str, Any] = {**(given or {}), "autocommit": True}
+    kwargs: dict[str, Any] = {**(given or {}), **options, "autocommit": True}
     conn: AsyncConnection[Any] = await pool.connection_class.connect(conninfo, **kwargs)
     return conn
+
+
+async def _unreachable(coordinator: AsyncCoordinator, err: BaseException) -> bool:
+    """Can the store not be reached at all (``on_store_error="run"`` may
+    then run the call unguarded)?  A ``PoolTimeout`` alone does not say so:
+    a pool whose connections all serve other calls -- duplicates waiting for
+    this very key among them -- times out too.  Then a new connection is
+    tried: if the server answers, the call must not run unguarded."""
+    if not _core.store_unreachable(err):
+        return False
+    if not isinstance(err, PoolTimeout):
+        return True
+    try:
+        conn = await _connect(coordinator.pool, connect_timeout=max(1, round(coordinator.pool.timeout)))
+    except psycopg.Error as probe:
+        return _core.store_unreachable(probe)
+    await conn.close()
+    log.warning("no connection of the pool in time, but the store answers: not running unguarded")
+    return False
 
 
 class AsyncClaim(ClaimState):
@@ -420,12 +446,32 @@ class AsyncCoordinator:
         needs no restart."""
         if self._version_checked:
             return
-        if conn is None:
-            row = await _autocommit(self.pool, VERSION_SQL, None, False)
-        else:
+        if conn is not None:
             row = await _execute(conn, VERSION_SQL, None, False)
+        else:
+            row = await self._read_version()
         _core.check_version(row[0])
         self._version_checked = True
+
+    async def _read_version(self) -> Row:
+        """The version query on a connection of ``pool``; a connection the
+        server ended (a restart before the first call) is replaced as the
+        claims replace theirs: once more on another one, up to the pool's
+        size, then on a new connection."""
+        for _ in range(self.pool.max_size):
+            async with self.pool.connection() as conn:
+                try:
+                    return await _autocommit_on(conn, VERSION_SQL, None, False)
+                except psycopg.Error as err:
+                    if not _core.lost_connection(conn, err):
+                        raise
+                    log.warning("connection lost checking the extension's version (%s): "
+                                "checking on another one", err)
+        conn = await _connect(self.pool)
+        try:
+            return await _execute(conn, VERSION_SQL, None, False)
+        finally:
+            await conn.close()
 
     async def inspect(self, operation: str, key: str) -> Record | None:
         """``idem_inspect``: the calling role's record of the key (``None``:
@@ -536,7 +582,7 @@ class AsyncCoordinator:
                    lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                    remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                    on_store_error: str = "raise"
-                   ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:  # sync: ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
+                   ) -> AsyncDecorator:
         """:func:`idempotent` bound to this coordinator (``coordinator=self``)."""
         return idempotent(operation, coordinator=self, fingerprint_params=fingerprint_params,
                           key_param=key_param, result_type=result_type, recover=recover,
@@ -550,7 +596,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                on_store_error: str = "raise"
-               ) -> Callable[[Callable[P, Awaitable[R]]], AsyncIdempotentFunction[P, R]]:  # sync: ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
+               ) -> AsyncDecorator:
     # async {
     """Decorate an ``async def`` that takes the key as ``key_param``
     (default ``idempotency_key=``).
@@ -677,7 +723,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                 claim = await c._begin(operation, key, fp, overrides.apply(c.settings),
                                        overrides.wait_timeout or c.wait_timeout)
             except Exception as err:
-                if not (fail_open and _core.store_unreachable(err)):
+                if not (fail_open and await _unreachable(c, err)):
                     raise
                 log.warning("the store is unreachable (%s: %s): running %r for key %r without a claim "
                             "(on_store_error=\"run\")", type(err).__name__, err, operation, key)
@@ -704,7 +750,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
         wrapper.outcome = outcome  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
-    return decorate
+    return cast(AsyncDecorator, decorate)
 
 
 async def _run_or_abort(claim: AsyncClaim, func: Callable[..., Awaitable[Any]],  # sync: def _run_or_abort(claim: Claim, func: Callable[..., Any],

@@ -1,11 +1,11 @@
-"""FastAPI: Idempotency-Key routes, mapped to HTTP as README's "Errors and
-HTTP" table and draft-ietf-httpapi-idempotency-key-header say.
+"""FastAPI: Idempotency-Key routes, answering as docs/http.md ("The HTTP
+contract of the packages") says -- the same table as the Node package.
 
 ::
 
-    from idempotency_pg.fastapi import idempotent_route, state_coordinator
+    from idempotency_pg.fastapi import IDEMPOTENCY_RESPONSES, idempotent_route, state_coordinator
 
-    @app.post("/charges")
+    @app.post("/charges", status_code=201, responses=IDEMPOTENCY_RESPONSES)
     @idempotent_route("payment.charge", coordinator=state_coordinator("coordinator"),
                       fingerprint=("charge.customer", "charge.amount", "charge.currency"),
                       status_code=201)
@@ -17,58 +17,86 @@ FastAPI dependency at each request (``state_coordinator(name)`` reads
 is given.  Per request, in this order:
 
 - the ``Idempotency-Key`` header is parsed (:mod:`idempotency_pg.http`):
-  missing, empty, malformed or over 255 characters -> 400 problem+json,
-  before anything is claimed;
-- the key is claimed (:func:`idempotency_pg.aio.idempotent`, the
-  external-call shape) with the fingerprint of the endpoint's arguments that
-  ``fingerprint`` names (``"charge.amount"``: the ``amount`` of the
-  ``charge`` body);
-- ``'new'``: the endpoint runs (it gets the key as ``key_param`` if it takes
-  that parameter); its response -- a ``Response`` with a JSON body, or a
-  value sent as JSON with ``status_code`` -- is stored as ``{"status",
-  "headers", "body"}``, keeping only the ``replay_headers`` (``Location``,
-  ``ETag``), and sent: the stored status and body, with every header the
-  endpoint set.  A 5xx response is sent and not stored
-  (the claim is released, as for an exception: errors are not cached);
+  missing (unless ``required=False``: then the endpoint just runs), empty,
+  malformed or over 255 characters -> 400 problem+json, before anything is
+  claimed;
+- the fingerprint is made of what ``fingerprint`` names
+  (``"charge.amount"``: the ``amount`` of the ``charge`` body), as the
+  client sent it: a body's value is read from the request's JSON, not from
+  the model that validated it (pydantic 1 turns ``42.5`` into ``42`` for an
+  ``int``); a value with no single text form (a fraction, an object) -> 400
+  ``invalid-request``;
+- the key is claimed (:meth:`AsyncCoordinator.begin`, the external-call
+  shape); ``'new'``: ``checkpoint(**arguments)`` is recorded if given, the
+  endpoint runs (with the key as ``key_param`` if it takes it) and its
+  response -- a ``Response``, or a value sent as JSON with ``status_code``
+  -- is sent as it is (its background tasks run once, after it); it is
+  stored as ``{"status", "headers", "text"}`` (the body byte for byte, the
+  ``replay_headers``) unless its status is 5xx, 408, 425 or 429, which
+  release the claim (errors are not cached), as an exception does;
 - ``'replay'``: the stored status, headers and body, plus
   ``Idempotent-Replayed: true``;
-- refusals: 409 (in progress, or ``wait_timeout`` passed) with
-  ``Retry-After`` = what is left of the holding claim's lease
-  (``idem_inspect``); 422 with ``stored_fingerprint`` and
-  ``request_fingerprint``; 410 for a remembered key whose response expired
-  (IK410); 500 for a lost claim or a response not stored; 503 when the store
-  cannot be reached (unless ``on_store_error="run"``).
+- ``'recover'``: ``recover(state, **arguments)`` answers as the endpoint
+  would; a route without ``recover`` answers 410 ``response-not-stored``
+  and stores that answer (the key never stays stuck);
+- a response that cannot be stored (too large, a streaming body, the store
+  lost while storing it) is sent once and the key completed with the 410
+  ``response-not-stored`` answer; a value the encoder refuses cannot even be
+  sent: 500 ``response-not-stored`` (and the key is completed the same way).
 
-An exception the endpoint raises aborts the claim and goes to FastAPI's
-exception handlers.  ``recover`` (extension 1.4) is called as
-``recover(state, **endpoint_arguments)`` for a ``'recover'`` claim and
-answers as the endpoint would.
+Never a second run once the endpoint has run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import json
+import time
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from fastapi import Depends, Request
+import psycopg
+from fastapi import Depends, Header, Request
 from fastapi.responses import Response
 
-from . import _core, aio, encoding
-from .aio import AsyncCoordinator
-from .errors import IdempotencyError, InProgressError
-from .http import Problem, json_bytes, key_problem, parse_idempotency_key, problem_for
+from . import _core, encoding
+from .aio import AsyncClaim, AsyncCoordinator, _unreachable
+from .errors import IdempotencyError, InProgressError, LostClaimError
+from .fingerprint import fingerprint as make_fingerprint
+from .http import (PROBLEM_MEDIA_TYPE, Problem, json_bytes, key_problem, not_stored_problem,
+                   parse_idempotency_key, problem_for, retry_after)
 
 __all__ = ["idempotent_route", "state_coordinator", "problem_response", "stored_response",
-           "PROBLEM_MEDIA_TYPE", "REPLAY_HEADERS"]
+           "IDEMPOTENCY_RESPONSES", "PROBLEM_MEDIA_TYPE", "REPLAY_HEADERS", "stored_status"]
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
-REPLAY_HEADERS = ("Location", "ETag")
+REPLAY_HEADERS = ("Location", "ETag", "Content-Type")
 
-_REQUEST, _COORDINATOR, _KEY, _STARTED = "_idem_request", "_idem_coordinator", "_idem_key", "_idem_started"
+_REQUEST, _COORDINATOR, _HEADER = "_idem_request", "_idem_coordinator", "_idem_header"
+
+_PROBLEM = {"content": {PROBLEM_MEDIA_TYPE: {"schema": {"type": "object"}}}}
+#: the answers an Idempotency-Key route adds, for the route's ``responses=``
+#: (OpenAPI): ``@app.post(path, status_code=201, responses=IDEMPOTENCY_RESPONSES)``
+IDEMPOTENCY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "Idempotency-Key missing or malformed, or a fingerprinted value with no "
+                         "single text form", **_PROBLEM},
+    409: {"description": "A request with this Idempotency-Key is in progress (Retry-After)", **_PROBLEM},
+    410: {"description": "The key's response is gone: expired, or never stored", **_PROBLEM},
+    422: {"description": "Idempotency-Key reused with another request (type ...idempotency-key-reused)",
+          **_PROBLEM},
+    503: {"description": "The idempotency store cannot be reached (Retry-After)", **_PROBLEM},
+}
+
+#: statuses that say "try again later": sent, not stored (with every 5xx)
+NOT_STORED_STATUSES = frozenset((408, 425, 429))
+
+
+def stored_status(status: int) -> bool:
+    """Is a response of this status the request's answer, stored and
+    replayed?  Below 500, and not 408, 425 or 429."""
+    return status < 500 and status not in NOT_STORED_STATUSES
 
 
 def state_coordinator(name: str = "coordinator") -> Callable[[Request], AsyncCoordinator]:
@@ -88,23 +116,44 @@ def problem_response(problem: Problem, type_base: str | None = None) -> Response
                     media_type=PROBLEM_MEDIA_TYPE)
 
 
-def stored_response(stored: dict[str, Any], replayed: bool, media_type: str = "application/json") -> Response:
-    """A stored ``{"status", "headers", "body"}``; a replay adds
-    ``Idempotent-Replayed: true``."""
-    headers = dict(stored.get("headers") or {})
+def stored_response(stored: Mapping[str, Any], replayed: bool, media_type: str = "application/json") -> Response:
+    """A stored response: ``{"status", "headers", "text"}`` (or ``"base64"``,
+    or a JSON ``"body"``, as an application's own ``idem_finish`` may write
+    it); a replay adds ``Idempotent-Replayed: true``."""
+    headers = {str(k): str(v) for k, v in (stored.get("headers") or {}).items()}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
-    body = stored.get("body")
-    return Response(b"" if body is None else json_bytes(body), int(stored["status"]), headers=headers,
-                    media_type=media_type)
+    if isinstance(stored.get("text"), str):
+        content = stored["text"].encode()
+    elif isinstance(stored.get("base64"), str):
+        content = base64.b64decode(stored["base64"])
+    elif stored.get("body") is not None:
+        content = json_bytes(stored["body"])
+    else:
+        content = b""
+    if not any(k.lower() == "content-type" for k in headers) and content:
+        headers["Content-Type"] = media_type
+    return Response(content, int(stored["status"]), headers=headers)
 
 
-class _NotStored(Exception):
-    """A 5xx response of the endpoint: sent, not stored (the claim is aborted)."""
+class _Durations:
+    """The mean duration of an operation's completed attempts in this
+    process: the estimate behind a 409's ``Retry-After``."""
 
-    def __init__(self, response: Response) -> None:
-        super().__init__(response.status_code)
-        self.response = response
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def add(self, seconds: float) -> None:
+        self.total += seconds
+        self.count += 1
+
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+
+class _Unsendable(Exception):
+    """The endpoint's value cannot be encoded as JSON: there is no response to send."""
 
 
 def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable[..., Any],
@@ -112,18 +161,30 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                      replay_headers: Sequence[str] = REPLAY_HEADERS, key_param: str = "idempotency_key",
                      header: str = "Idempotency-Key", max_key_length: int = 255,
                      problem_type_base: str | None = None, media_type: str = "application/json",
+                     required: bool = True, checkpoint: Callable[..., Any] | None = None,
                      recover: Callable[..., Any] | None = None, in_flight: str | None = None,
                      lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                      remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                      on_store_error: str = "raise"
                      ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Response]]]:
     """Make an ``async def`` endpoint an Idempotency-Key route (the module's
-    docstring).  ``coordinator``: a FastAPI dependency returning the
-    :class:`AsyncCoordinator` (such as :func:`state_coordinator`), or the
-    coordinator.  ``problem_type_base`` prefixes the problem types' slugs
-    (``"/problems/"`` -> ``/problems/request-in-progress``; default
-    ``about:blank``).  The claim options are the decorator's
+    docstring, docs/http.md).  ``coordinator``: a FastAPI dependency
+    returning the :class:`AsyncCoordinator` (such as
+    :func:`state_coordinator`), or the coordinator.  ``problem_type_base``
+    prefixes the problem types' slugs (default ``urn:idempotency:problem:``).
+    ``required=False``: a request without the header runs the endpoint
+    without idempotency.  ``checkpoint(**arguments)`` (it may be async)
+    gives a state recorded before the endpoint runs; a route with a
+    ``checkpoint`` must have a ``recover(state, **arguments)``
+    (``TypeError`` here otherwise).  The claim options are the decorator's
     (:func:`idempotency_pg.aio.idempotent`)."""
+    if checkpoint is not None and recover is None:
+        raise TypeError(f"the route of {operation!r} declares a checkpoint and no recover=: after a "
+                        "takeover its key could only answer response-not-stored (docs/http.md)")
+    if isinstance(fingerprint, str):
+        raise TypeError("fingerprint must be a sequence of parameter names, not a str")
+    overrides = _core.Overrides.make(in_flight, lease, ttl, takeover, remember, wait_timeout)
+    fail_open = _core.policy("on_store_error", on_store_error, ("raise", "run")) == "run"
     dependency: Callable[..., Any]
     if isinstance(coordinator, AsyncCoordinator):
         given = coordinator
@@ -133,18 +194,8 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
     else:
         dependency = coordinator
     keep = tuple(h.lower() for h in replay_headers)
-
-    def to_stored(result: Any) -> dict[str, Any]:
-        if isinstance(result, Response):
-            if result.status_code >= 500:
-                raise _NotStored(result)
-            raw = getattr(result, "body", None)
-            if not isinstance(raw, (bytes, memoryview)):
-                raise TypeError("an idempotent route stores a response with a JSON body, not a streaming one")
-            body = json.loads(bytes(raw)) if raw else None
-            headers = {name: value for name, value in result.headers.items() if name.lower() in keep}
-            return {"status": result.status_code, "headers": headers, "body": body}
-        return {"status": status_code, "headers": {}, "body": encoding.encode(result)}
+    paths = tuple(tuple(name.split(".")) for name in fingerprint)
+    durations = _Durations()
 
     def decorate(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Response]]:
         if not asyncio.iscoroutinefunction(endpoint):
@@ -155,84 +206,165 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             hints = {}
         params = [p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
                   for p in inspect.signature(endpoint).parameters.values()]
-        takes_key = any(p.name == key_param for p in params)
+        names = {p.name for p in params}
+        for path in paths:
+            if path[0] not in names:
+                raise TypeError(f"fingerprint parameter {'.'.join(path)!r} is not a parameter of "
+                                f"{endpoint.__qualname__}")
+        takes_key = key_param in names
         visible = [p for p in params if p.name != key_param]
+        body_params = [p.name for p in visible if _is_body(p)]
         kw = inspect.Parameter.KEYWORD_ONLY
         # FastAPI passes the request to one parameter: the endpoint's, if it has one
         own_request = next((p.name for p in visible if p.annotation is Request), None)
         added = [] if own_request else [inspect.Parameter(_REQUEST, kw, annotation=Request)]
 
-        def strip(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-            key = kwargs.pop(_KEY)
-            kwargs.pop(_COORDINATOR)
-            call = kwargs.pop(_STARTED)
-            call["started"] = True
-            if takes_key:
-                kwargs[key_param] = key
-            return kwargs, call
-
-        def keep_headers(call: dict[str, Any], result: Any) -> dict[str, Any]:
-            # the first response has every header the endpoint set; a replay, the stored ones
+        def to_response(result: Any) -> Response:
             if isinstance(result, Response):
-                call["headers"] = {k: v for k, v in result.headers.items()
-                                   if k.lower() not in ("content-length", "content-type")}
-            return to_stored(result)
+                return result
+            try:
+                content = json_bytes(encoding.encode(result))
+            except (TypeError, ValueError) as err:
+                raise _Unsendable(f"{type(err).__name__}: {err}") from err
+            return Response(content, status_code, media_type=media_type)
 
-        async def run(**kwargs: Any) -> dict[str, Any]:
-            arguments, call = strip(kwargs)
-            return keep_headers(call, await endpoint(**arguments))
+        def record_of(response: Response) -> dict[str, Any] | None:
+            """The response to store, or ``None`` when it has no body to keep
+            (a streaming response)."""
+            raw = getattr(response, "body", None)
+            if not isinstance(raw, (bytes, memoryview)):
+                return None
+            data = bytes(raw)
+            headers = {k.lower(): v for k, v in response.headers.items() if k.lower() in keep}
+            try:
+                return {"status": response.status_code, "headers": headers, "text": data.decode()}
+            except UnicodeDecodeError:
+                return {"status": response.status_code, "headers": headers,
+                        "base64": base64.b64encode(data).decode()}
 
-        async def run_recover(state: Any, **kwargs: Any) -> dict[str, Any]:
-            assert recover is not None
-            arguments, call = strip(kwargs)
-            result = recover(state, **arguments)
+        def problem(p: Problem) -> Response:
+            return problem_response(p, problem_type_base)
+
+        def not_stored_record() -> dict[str, Any]:
+            p = not_stored_problem(410)
+            return {"status": 410, "headers": {"content-type": PROBLEM_MEDIA_TYPE},
+                    "text": json_bytes(p.body(problem_type_base)).decode()}
+
+        async def complete_not_stored(claim: AsyncClaim, why: str) -> None:
+            """Complete the key with the 410 response-not-stored answer: the
+            endpoint ran (or may have), its response is not kept."""
+            _core.log.error("the response of %r for key %r was not stored (%s): the key answers "
+                            "410 response-not-stored", operation, claim.key, why)
+            try:
+                await claim.finish(not_stored_record())
+            except Exception:
+                _core.log.exception("could not store the response-not-stored answer for key %r of %r",
+                                    claim.key, operation)
+                await _keep_pending(claim, why)
+
+        async def call(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            result = func(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
-            return keep_headers(call, result)
+            return result
 
-        run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            visible + [inspect.Parameter(_KEY, kw), inspect.Parameter(_COORDINATOR, kw),
-                       inspect.Parameter(_STARTED, kw)], return_annotation=dict[str, Any])
-        run.__qualname__ = endpoint.__qualname__
-        claimed = aio.idempotent(operation, coordinator=_COORDINATOR, fingerprint_params=fingerprint,
-                                 key_param=_KEY, recover=None if recover is None else run_recover,
-                                 in_flight=in_flight, lease=lease, ttl=ttl, takeover=takeover,
-                                 remember=remember, wait_timeout=wait_timeout,
-                                 on_store_error=on_store_error)(run)
+        async def unguarded(arguments: dict[str, Any]) -> Response:
+            return to_response(await endpoint(**arguments))
 
         async def route(**kwargs: Any) -> Response:
             request: Request = kwargs[own_request] if own_request else kwargs.pop(_REQUEST)
             c: AsyncCoordinator = kwargs.pop(_COORDINATOR)
-            parsed = parse_idempotency_key(request.headers.getlist(header), max_key_length)
+            kwargs.pop(_HEADER, None)
+            values = request.headers.getlist(header)
+            parsed = parse_idempotency_key(values, max_key_length)
+            arguments = dict(kwargs)
             if parsed.key is None:
-                return problem_response(key_problem(parsed), problem_type_base)
-            call: dict[str, Any] = {}
+                if parsed.missing and not values and not required:
+                    if takes_key:
+                        arguments[key_param] = None
+                    return await unguarded(arguments)
+                return problem(key_problem(parsed))
+            key = parsed.key
+            if takes_key:
+                arguments[key_param] = key
             try:
-                outcome = await claimed.outcome(**kwargs, **{_KEY: parsed.key, _COORDINATOR: c,
-                                                             _STARTED: call})
-            except _NotStored as not_stored:
-                return not_stored.response
+                fp = make_fingerprint(*await _fingerprint_values(request, paths, kwargs, body_params))
+            except (TypeError, ValueError) as err:
+                return problem(Problem(400, "invalid-request", f"Invalid request: {err}."))
+            try:
+                claim = await c._begin(operation, key, fp, overrides.apply(c.settings),
+                                       overrides.wait_timeout or c.wait_timeout)
             except Exception as err:
-                if call.get("started") and not isinstance(err, IdempotencyError):
-                    raise     # the endpoint's own: FastAPI's exception handlers
+                if fail_open and await _unreachable(c, err):
+                    _core.log.error("the store is unreachable (%s: %s): running %r for key %r without "
+                                    "a claim (on_store_error=\"run\")", type(err).__name__, err, operation, key)
+                    c._report(operation, key, "store_error")
+                    return await unguarded(arguments)
                 record = None
                 if isinstance(err, InProgressError):
                     try:
-                        record = await c.inspect(operation, parsed.key)
+                        record = await c.inspect(operation, key)
                     except Exception:
-                        _core.log.exception("idem_inspect failed for key %r of %r", parsed.key, operation)
-                problem = problem_for(err, record)
-                if problem is None:
+                        _core.log.exception("idem_inspect failed for key %r of %r", key, operation)
+                p = problem_for(err, retry_after(record, durations.mean()))
+                if p is None:
                     raise
-                if problem.status >= 500:
-                    _core.log.error("%s for key %r of %r: %s", problem.status, parsed.key, operation, err)
-                return problem_response(problem, problem_type_base)
-            if not outcome.replayed and "headers" in call:
-                return stored_response({**outcome.value, "headers": call["headers"]}, False, media_type)
-            return stored_response(outcome.value, outcome.replayed, media_type)
+                if p.status >= 500:
+                    _core.log.error("%s for key %r of %r: %s", p.status, key, operation, err)
+                return problem(p)
+            if claim.status == "replay":
+                return stored_response(claim.response, True, media_type)
+            started = time.monotonic()
+            try:
+                with _core.running(claim):
+                    if claim.status == "recover":
+                        if recover is None:
+                            await complete_not_stored(claim, "taken over with a checkpoint, and the "
+                                                      "route has no recover=")
+                            return problem(not_stored_problem(410))
+                        outcome: Awaitable[Any] = call(recover, claim.response, **arguments)
+                    else:
+                        if checkpoint is not None:
+                            await claim.checkpoint(await call(checkpoint, **arguments))
+                        outcome = endpoint(**arguments)
+                    try:
+                        response = to_response(await outcome)
+                    except _Unsendable as err:
+                        await complete_not_stored(claim, str(err))
+                        return problem(not_stored_problem(500))
+                    except BaseException:
+                        await _release(claim)
+                        raise
+                if not stored_status(response.status_code):
+                    await _release(claim)
+                    return response
+                stored = record_of(response)
+                if stored is None:
+                    await complete_not_stored(claim, "a streaming response")
+                    return response
+                try:
+                    await claim.finish(stored)
+                except LostClaimError:
+                    _core.log.error("the endpoint of %r ran for key %r, but the claim was taken over "
+                                    "before its response was stored", operation, key)
+                    return problem(not_stored_problem(500))
+                except (IdempotencyError, psycopg.Error, TypeError, ValueError) as err:
+                    await complete_not_stored(claim, f"{type(err).__name__}: {err}")
+                    return response
+                durations.add(time.monotonic() - started)
+                return response
+            finally:
+                # a claim left pending: its connection is closed
+                await claim.abandon()
 
         route.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            visible + added + [inspect.Parameter(_COORDINATOR, kw, default=Depends(dependency))],
+            visible + added + [
+                inspect.Parameter(_HEADER, kw, annotation=str | None,
+                                  default=Header(None, alias=header, description=(
+                                      "A unique key per request (RFC 8941 String or bare token, "
+                                      f"1 to {max_key_length} characters); retries send the same key"
+                                      + ("" if required else "; optional")))),
+                inspect.Parameter(_COORDINATOR, kw, default=Depends(dependency))],
             return_annotation=Response)
         route.__name__ = endpoint.__name__
         route.__qualname__ = endpoint.__qualname__
@@ -241,3 +373,78 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
         return route
 
     return decorate
+
+
+async def _release(claim: AsyncClaim) -> None:
+    """``idem_abort``: the endpoint failed, its claim is released."""
+    try:
+        await claim.abort()
+    except Exception:  # the lease (or the session's end) releases it
+        _core.log.exception("idem_abort failed for key %r of %r", claim.key, claim.operation)
+
+
+async def _keep_pending(claim: AsyncClaim, why: str) -> None:
+    """The last resort when nothing can be stored: a checkpoint saying so,
+    so that the next attempt gets 'recover' (and answers 410), not 'new'."""
+    if claim.checkpointed:
+        return
+    try:
+        await claim._rescue(_core.CHECKPOINT_SQL, claim._params(
+            state=_core.to_json({"response_not_stored": {"error": why[:1000]}})))
+        claim.checkpointed = True
+    except Exception:
+        _core.log.exception("idem_checkpoint failed for key %r of %r: after its lease the key runs again",
+                            claim.key, claim.operation)
+
+
+def _is_body(p: inspect.Parameter) -> bool:
+    """Does FastAPI read this parameter from the request body?  A pydantic
+    model without a dependency, or a ``Body()``."""
+    kind = type(p.default).__name__
+    if kind in ("Body", "Form", "File", "Depends", "Security", "Query", "Path", "Header", "Cookie"):
+        return kind == "Body"
+    ann = p.annotation
+    return isinstance(ann, type) and (hasattr(ann, "model_fields") or hasattr(ann, "__fields__"))
+
+
+_MISSING = object()
+
+
+async def _fingerprint_values(request: Request, paths: Sequence[tuple[str, ...]], kwargs: Mapping[str, Any],
+                              body_params: Sequence[str]) -> list[Any]:
+    """The fingerprinted values: a body parameter's as the client sent it
+    (the request's JSON), checked to have one text form; any other as the
+    endpoint gets it."""
+    raw: Any = _MISSING
+    out = []
+    for path in paths:
+        value: Any = _MISSING
+        if path[0] in body_params:
+            if raw is _MISSING:
+                try:
+                    raw = json.loads(await request.body() or b"null")
+                except ValueError:
+                    raw = None
+            # one body parameter is the whole body; several are its members
+            node = raw if len(body_params) == 1 else \
+                (raw.get(path[0], _MISSING) if isinstance(raw, dict) else _MISSING)
+            for attr in path[1:]:
+                node = node.get(attr, _MISSING) if isinstance(node, dict) else _MISSING
+            value = _sent_value(".".join(path), node)
+        if value is _MISSING:
+            value = kwargs[path[0]]
+            for attr in path[1:]:
+                value = value[attr] if isinstance(value, Mapping) else getattr(value, attr)
+        out.append(value)
+    return out
+
+
+def _sent_value(name: str, value: Any) -> Any:
+    """A value of the request's JSON as the fingerprint takes it: a string, an
+    integer (``42.0`` is ``42``), a boolean or null; ``ValueError`` for one
+    with no single text form (``42.5``, an object, an array)."""
+    if value is _MISSING or value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError(f"{name} is {json.dumps(value)[:40]}, which has no single text form to fingerprint")

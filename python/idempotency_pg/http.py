@@ -1,6 +1,7 @@
 """HTTP without a framework: the ``Idempotency-Key`` request header and the
-README's SQLSTATE -> HTTP table ("Errors and HTTP") as RFC 9457 problem
-details.  :mod:`idempotency_pg.fastapi` uses it; another framework can too.
+table of docs/http.md ("The HTTP contract of the packages") as RFC 9457
+problem details.  :mod:`idempotency_pg.fastapi` uses it; another framework
+can too.
 
 The header follows draft-ietf-httpapi-idempotency-key-header: an RFC 8941
 String (``"8e03978e-40d5-43e8-bc93-6894a57f9324"``), or, as older clients
@@ -20,10 +21,14 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from . import _core
-from .errors import (ExtensionVersionError, IdempotencyError, InProgressError, InvalidRequestError,
-                     KeyReuseError, ResponseExpiredError)
+from .errors import (IdempotencyError, InProgressError, InvalidRequestError, KeyReuseError, LostClaimError,
+                     ResponseExpiredError)
 
 MAX_KEY_LENGTH = 255
+#: the media type of every refusal (RFC 9457)
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+#: what a problem's ``type`` starts with unless a route names another base
+DEFAULT_TYPE_BASE = "urn:idempotency:problem:"
 _BARE = re.compile(r"[!#-+\--:<-\[\]-~]+")
 
 #: the problem types this module answers with: slug -> title
@@ -33,6 +38,7 @@ TITLES: dict[str, str] = {
     "idempotency-key-reused": "Idempotency-Key is already used",
     "idempotency-key-expired": "Idempotency-Key has expired",
     "request-in-progress": "A request is outstanding for this Idempotency-Key",
+    "response-not-stored": "The response of this request was not stored",
     "invalid-request": "Invalid request",
     "internal-error": "Internal error",
     "service-unavailable": "Service unavailable",
@@ -64,8 +70,9 @@ def parse_idempotency_key(values: list[str], max_length: int = MAX_KEY_LENGTH) -
     elif value == "":
         return ParsedKey(missing=True, reason="The Idempotency-Key header is empty.")
     else:
-        return ParsedKey(reason="The Idempotency-Key header must be a quoted string, e.g. "
-                                'Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324".')
+        return ParsedKey(reason="The Idempotency-Key header must be a quoted string "
+                                '(Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324") or one '
+                                'run of visible ASCII without quote, backslash, comma or semicolon.')
     if key == "":
         return ParsedKey(reason="The Idempotency-Key must not be empty.")
     if len(key) > max_length:
@@ -110,8 +117,8 @@ class Problem:
 
     def body(self, type_base: str | None = None) -> dict[str, Any]:
         """The problem+json object; its ``type`` is ``type_base + slug``
-        (``about:blank`` without a base)."""
-        return {"type": "about:blank" if type_base is None else type_base + self.slug,
+        (:data:`DEFAULT_TYPE_BASE` without a base)."""
+        return {"type": (DEFAULT_TYPE_BASE if type_base is None else type_base) + self.slug,
                 "title": self.title or TITLES.get(self.slug, self.slug), "status": self.status,
                 "detail": self.detail, **self.extra}
 
@@ -122,22 +129,27 @@ def key_problem(parsed: ParsedKey) -> Problem:
                    parsed.reason)
 
 
-def retry_after(record: _core.Record | None) -> int:
-    """``Retry-After`` (whole seconds, at least 1) for a 409: what is left
-    of the holding claim's lease, by the server's clock."""
-    if record is None or record.state != "pending" or record.lease_remaining is None:
+def retry_after(record: _core.Record | None, mean: float | None) -> int:
+    """``Retry-After`` (whole seconds, at least 1) for a 409: an estimate of
+    when the holding attempt ends -- ``mean`` (the operation's mean attempt
+    duration, in seconds, ``None`` if none was measured) minus the record's
+    ``age``, never past what is left of its lease."""
+    if mean is None or record is None or record.age is None:
         return 1
-    return max(1, math.ceil(record.lease_remaining.total_seconds()))
+    left = mean - record.age.total_seconds()
+    if record.lease_remaining is not None:
+        left = min(left, record.lease_remaining.total_seconds())
+    return max(1, math.ceil(left))
 
 
-def problem_for(err: BaseException, record: _core.Record | None = None) -> Problem | None:
-    """The README's SQLSTATE -> HTTP table for an error of a claim
-    (``record``: the key's, for a 409's ``Retry-After``); ``None`` for an
-    error the table does not name."""
+def problem_for(err: BaseException, retry_after_s: int = 1) -> Problem | None:
+    """docs/http.md's table for an error of a claim (``retry_after_s``: a
+    409's ``Retry-After``, see :func:`retry_after`); ``None`` for an error
+    the table does not name."""
     if isinstance(err, InProgressError):     # IK409, or a wait_timeout
         return Problem(409, "request-in-progress", "A request with this Idempotency-Key is still being "
                        "processed. Retry later with the same key.",
-                       headers={"Retry-After": str(retry_after(record))})
+                       headers={"Retry-After": str(retry_after_s)})
     if isinstance(err, KeyReuseError):
         return Problem(422, "idempotency-key-reused", "This Idempotency-Key was already used for a "
                        "request with different parameters.",
@@ -148,16 +160,28 @@ def problem_for(err: BaseException, record: _core.Record | None = None) -> Probl
                        "that completed; its response is no longer kept. Use a new key for a new request.")
     if isinstance(err, InvalidRequestError):
         return Problem(400, "invalid-request", f"Invalid argument: {err}.")
-    if isinstance(err, ExtensionVersionError):
+    if isinstance(err, LostClaimError):
+        return not_stored_problem(500)
+    if isinstance(err, IdempotencyError):     # the version, 54000 or IK412 elsewhere
         return Problem(500, "internal-error", "The server could not complete the request.")
-    if isinstance(err, IdempotencyError):     # IK412, 54000, not stored, recovery needed
-        return Problem(500, "internal-error", "This attempt could not complete the request for its "
-                       "Idempotency-Key. Retry with the same key.")
     if _core.store_unreachable(err) or isinstance(err, PoolTimeout) or \
             (isinstance(err, psycopg.Error) and err.sqlstate in ("40001", "25006", "57014")):
         return Problem(503, "service-unavailable", "Could not claim the Idempotency-Key; retry with "
                        "the same key.", headers={"Retry-After": "1"})
     return None
+
+
+def not_stored_problem(status: int) -> Problem:
+    """``response-not-stored``: 410 for a key whose request ran (or may have)
+    and whose response is not kept, which is what every retry gets; 500 for
+    the attempt that could not send or store it."""
+    if status == 410:
+        detail = ("A request with this Idempotency-Key was processed, but its response was not "
+                  "stored. It will not run again: look up its result, or use a new key for a new request.")
+    else:
+        detail = ("This request was processed, but its response could not be sent or stored. It "
+                  "will not run again; a retry with the same key gets 410.")
+    return Problem(status, "response-not-stored", detail)
 
 
 def json_bytes(value: Any) -> bytes:

@@ -19,11 +19,11 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg import ClientCursor, Connection
 from psycopg.pq import TransactionStatus
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import _core
 from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
-                    ClaimState, IdempotentFunction, Outcome, Record, Settings, db_errors)
+                    Decorator, IdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)
 from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
                      WaitTimeoutError)
 
@@ -54,14 +54,20 @@ def _autocommit(pool: ConnectionPool, sql: str, params: Any, prepare: bool | Non
     """One statement in autocommit on a connection of ``pool``, which goes
     back to the pool as soon as the statement is done."""
     with pool.connection() as conn:
-        if conn.autocommit:
-            return _execute(conn, sql, params, prepare)
-        conn.autocommit = True
-        try:
-            return _execute(conn, sql, params, prepare)
-        finally:
-            if not conn.closed:
-                conn.autocommit = False
+        return _autocommit_on(conn, sql, params, prepare)
+
+
+def _autocommit_on(conn: Connection[Any], sql: str, params: Any, prepare: bool | None) -> Row:
+    """One statement in autocommit on ``conn``, a pool's connection, whose
+    autocommit is put back as it was."""
+    if conn.autocommit:
+        return _execute(conn, sql, params, prepare)
+    conn.autocommit = True
+    try:
+        return _execute(conn, sql, params, prepare)
+    finally:
+        if not conn.closed and not conn.broken:
+            conn.autocommit = False
 
 
 def _checkout(pool: ConnectionPool) -> tuple[Connection[Any], bool]:
@@ -90,14 +96,34 @@ def _checkin(pool: ConnectionPool, conn: Connection[Any], switched: bool, close:
         pool.putconn(conn)
 
 
-def _connect(pool: ConnectionPool) -> Connection[Any]:
-    """A new connection with ``pool``'s settings, in autocommit, outside the
-    pool: after a lost connection, the pool's idle ones may be lost too."""
+def _connect(pool: ConnectionPool, **options: Any) -> Connection[Any]:
+    """A new connection with ``pool``'s settings (and ``options``), in
+    autocommit, outside the pool: after a lost connection, the pool's idle
+    ones may be lost too."""
     conninfo = pool_setting(pool.conninfo)
     given = pool_setting(pool.kwargs)
-    kwargs: dict[str, Any] = {**(given or {}), "autocommit": True}
+    kwargs: dict[str, Any] = {**(given or {}), **options, "autocommit": True}
     conn: Connection[Any] = pool.connection_class.connect(conninfo, **kwargs)
     return conn
+
+
+def _unreachable(coordinator: Coordinator, err: BaseException) -> bool:
+    """Can the store not be reached at all (``on_store_error="run"`` may
+    then run the call unguarded)?  A ``PoolTimeout`` alone does not say so:
+    a pool whose connections all serve other calls -- duplicates waiting for
+    this very key among them -- times out too.  Then a new connection is
+    tried: if the server answers, the call must not run unguarded."""
+    if not _core.store_unreachable(err):
+        return False
+    if not isinstance(err, PoolTimeout):
+        return True
+    try:
+        conn = _connect(coordinator.pool, connect_timeout=max(1, round(coordinator.pool.timeout)))
+    except psycopg.Error as probe:
+        return _core.store_unreachable(probe)
+    conn.close()
+    log.warning("no connection of the pool in time, but the store answers: not running unguarded")
+    return False
 
 
 class Claim(ClaimState):
@@ -338,12 +364,32 @@ class Coordinator:
         needs no restart."""
         if self._version_checked:
             return
-        if conn is None:
-            row = _autocommit(self.pool, VERSION_SQL, None, False)
-        else:
+        if conn is not None:
             row = _execute(conn, VERSION_SQL, None, False)
+        else:
+            row = self._read_version()
         _core.check_version(row[0])
         self._version_checked = True
+
+    def _read_version(self) -> Row:
+        """The version query on a connection of ``pool``; a connection the
+        server ended (a restart before the first call) is replaced as the
+        claims replace theirs: once more on another one, up to the pool's
+        size, then on a new connection."""
+        for _ in range(self.pool.max_size):
+            with self.pool.connection() as conn:
+                try:
+                    return _autocommit_on(conn, VERSION_SQL, None, False)
+                except psycopg.Error as err:
+                    if not _core.lost_connection(conn, err):
+                        raise
+                    log.warning("connection lost checking the extension's version (%s): "
+                                "checking on another one", err)
+        conn = _connect(self.pool)
+        try:
+            return _execute(conn, VERSION_SQL, None, False)
+        finally:
+            conn.close()
 
     def inspect(self, operation: str, key: str) -> Record | None:
         """``idem_inspect``: the calling role's record of the key (``None``:
@@ -443,7 +489,7 @@ class Coordinator:
                    lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                    remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                    on_store_error: str = "raise"
-                   ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
+                   ) -> Decorator:
         """:func:`idempotent` bound to this coordinator (``coordinator=self``)."""
         return idempotent(operation, coordinator=self, fingerprint_params=fingerprint_params,
                           key_param=key_param, result_type=result_type, recover=recover,
@@ -457,7 +503,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                on_store_error: str = "raise"
-               ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]:
+               ) -> Decorator:
     """Decorate a function that takes the key as ``key_param``
     (default ``idempotency_key=``).
 
@@ -528,7 +574,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                 claim = c._begin(operation, key, fp, overrides.apply(c.settings),
                                        overrides.wait_timeout or c.wait_timeout)
             except Exception as err:
-                if not (fail_open and _core.store_unreachable(err)):
+                if not (fail_open and _unreachable(c, err)):
                     raise
                 log.warning("the store is unreachable (%s: %s): running %r for key %r without a claim "
                             "(on_store_error=\"run\")", type(err).__name__, err, operation, key)
@@ -555,7 +601,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
         wrapper.outcome = outcome  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
-    return decorate
+    return cast(Decorator, decorate)
 
 
 def _run_or_abort(claim: Claim, func: Callable[..., Any],

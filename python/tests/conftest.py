@@ -2,16 +2,26 @@
 
 The server is the one the libpq environment names (PGHOST, PGPORT, PGUSER,
 PGDATABASE): a database where ``CREATE EXTENSION idempotency`` has been run,
-as test/python/run prepares.  The tests start no server of their own.  The
+as test/python/run prepares.  Only the tests that restart a server start
+one of their own (:func:`own_server`, with the binaries in ``PG_BINDIR``,
+which test/run exports): the shared one serves other suites meanwhile.  The
 async tests run their coroutines with asyncio.run (no pytest plugin needed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -89,3 +99,67 @@ def record_state(admin: psycopg.Connection[Any], operation: str, key: str) -> st
     """idem_inspect's state of the key's record (None: no record)."""
     row = admin.execute("SELECT state FROM idem_inspect(%s::text, %s::text)", (operation, key)).fetchone()
     return str(row[0]) if row else None
+
+
+@dataclass
+class Server:
+    """A PostgreSQL server of the test's own, with the extension created in
+    its ``postgres`` database: ``conninfo`` reaches it; ``restart()``
+    stops it (fast: every session ends) and starts it again."""
+
+    bindir: str
+    datadir: str
+    conninfo: str
+
+    def ctl(self, *args: str) -> None:
+        subprocess.run([os.path.join(self.bindir, "pg_ctl"), "-D", self.datadir, "-w", *args],
+                       check=True, stdout=subprocess.DEVNULL)
+
+    def restart(self) -> None:
+        self.ctl("-m", "fast", "restart")
+
+
+@pytest.fixture
+def own_server() -> Iterator[Server]:
+    """A throwaway server (initdb in a temporary directory, a Unix socket
+    there, no TCP) for a test that restarts it; ``PG_BINDIR`` names the
+    binaries of the installation that has the extension."""
+    bindir = os.environ.get("PG_BINDIR")
+    assert bindir, "PG_BINDIR must name the PostgreSQL binaries (test/run exports it)"
+    tmp = tempfile.mkdtemp(prefix="idem-python-")
+    datadir = os.path.join(tmp, "data")
+    subprocess.run([os.path.join(bindir, "initdb"), "-D", datadir, "-A", "trust", "--no-sync"],
+                   check=True, stdout=subprocess.DEVNULL)
+    conninfo = f"host={tmp} port=5432 dbname=postgres"
+    server = Server(bindir, datadir, conninfo)
+    server.ctl("-l", os.path.join(tmp, "log"), "-o", f"-k {tmp} -c listen_addresses= -p 5432", "start")
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION idempotency")
+        yield server
+    finally:
+        try:
+            server.ctl("-m", "immediate", "stop")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn on 127.0.0.1 (a port of its own), in a
+    thread with its own event loop (its startup and shutdown handlers run
+    there); yields the base URL."""
+    import uvicorn  # type: ignore[import]
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_for("uvicorn starts", lambda: server.started or not thread.is_alive())
+        assert server.started, "uvicorn did not start"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(DEADLINE_S)
+        sock.close()

@@ -4,7 +4,6 @@ shape) and claim(conn, ...) (the in-transaction shape)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import arun, await_for, new_key, record_state, wait_for, waiting_claims
+from conftest import arun, await_for, new_key, record_state, wait_for
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from test_async import open_pool

@@ -64,8 +64,8 @@ def test_unstorable_result_async(admin: psycopg.Connection[Any], needs_1_4: None
             assert info.value.checkpointed and info.value.sqlstate == SQLSTATE[kind]
             assert info.value.result == UNSTORABLE[kind]
             if kind == "oversize":
-                assert info.value.detail is not None and isinstance(info.value.__cause__,
-                                                                     idem.ResponseTooLargeError)
+                assert info.value.detail is not None
+                assert isinstance(info.value.__cause__, idem.ResponseTooLargeError)
             assert logged_errors(caplog, key), "the failure is logged at error level"
             # the retry is told: 'recover' with the failure, not 'new'
             with pytest.raises(idem.RecoveryNeededError) as retry:

@@ -174,8 +174,9 @@ def test_raise_gives_409_while_running(db: psycopg.Connection[Any], apis: dict[s
             await until_pending(db, key)
             dup = await post(client, apis["raise"], key, body)
             assert_problem(dup, 409, "request-in-progress")
-            # what is left of the first attempt's 30 s lease (idem_inspect), in whole seconds
-            assert 25 <= int(dup.headers["retry-after"]) <= 30, dup.headers["retry-after"]
+            # an estimate of when the first attempt ends (the provider takes 300 ms), in
+            # whole seconds, not what is left of its 30 s lease (docs/http.md)
+            assert 1 <= int(dup.headers["retry-after"]) <= 10, dup.headers["retry-after"]
             original = await first
             assert_charge(original, body)
             assert_same(await post(client, apis["raise"], key, body), original)
