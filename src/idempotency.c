@@ -43,6 +43,7 @@ _PG_init(void)
 	idem_publication_init();	/* publish_records */
 	idem_counters_init();		/* shared memory, when preloaded */
 	idem_shape_init();			/* the cache of the tables' shapes */
+	idem_citus_init();			/* the guard in front of Citus's planner */
 
 	/*
 	 * One relcache callback for every cache of the parts: a backend has
