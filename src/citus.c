@@ -72,14 +72,25 @@
 
 #include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/relation.h"
 #include "access/skey.h"
 #include "access/stratnum.h"
 #include "access/table.h"
+#include "access/transam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_collation_d.h"
+#include "catalog/pg_language_d.h"
 #include "catalog/pg_namespace_d.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type_d.h"
 #include "commands/extension.h"
+#include "executor/spi.h"
 #include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "nodes/nodeFuncs.h"
 #include "nodes/params.h"
 #include "nodes/pathnodes.h"
@@ -87,19 +98,13 @@
 #include "nodes/readfuncs.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
-#include "access/xact.h"
-#include "catalog/pg_class.h"
-#include "catalog/pg_language_d.h"
-#include "catalog/pg_proc.h"
-#include "catalog/pg_type_d.h"
-#include "miscadmin.h"
 #include "storage/lock.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
-#include "utils/lsyscache.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/syscache.h"
@@ -310,13 +315,19 @@ for_each_shard(Oid relid, ShardCallback fn, void *arg)
 	table_close(rel, AccessShareLock);
 }
 
-/* Has shardid a placement in group (this node's)? */
+/*
+ * Has shardid a placement in group (this node's)?  *xmin: the transaction
+ * that wrote the placement's row here, which a shard move that brought the
+ * shard here rewrites (Citus updates the row's group on every node with
+ * metadata, and inserts a new one on the coordinator)
+ */
 static bool
-placed_on(int64 shardid, int32 group)
+placed_on(int64 shardid, int32 group, TransactionId *xmin)
 {
 	Relation	rel;
 	SysScanDesc scan;
 	ScanKeyData skey[2];
+	HeapTuple	tuple;
 	bool		found;
 
 	Oid			catalog = citus_catalog("pg_dist_placement");
@@ -329,7 +340,9 @@ placed_on(int64 shardid, int32 group)
 	rel = table_open(catalog, AccessShareLock);
 	scan = systable_beginscan(rel, citus_catalog("placement_shardid_groupid_unique_index"),
 							  true, NULL, 2, skey);
-	found = HeapTupleIsValid(systable_getnext(scan));
+	tuple = systable_getnext(scan);
+	found = HeapTupleIsValid(tuple);
+	*xmin = found ? HeapTupleHeaderGetRawXmin(tuple->t_data) : InvalidTransactionId;
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return found;
@@ -364,6 +377,7 @@ typedef struct ShardRoute
 	int64		shardid;		/* of idem_record's shard */
 	int64		result_shardid; /* of idem_result's, the same range */
 	bool		local;			/* placed on this node */
+	TransactionId placed_xmin;	/* ... by this transaction (placed_on) */
 	Oid			records;		/* the shards' relations, when local */
 	Oid			results;
 } ShardRoute;
@@ -502,7 +516,7 @@ build_route(const IdemObjects *objects)
 								   r->shardid, ress.items[i].shardid)));
 			r->result_shardid = ress.items[i].shardid;
 		}
-		r->local = placed_on(r->shardid, route.group);
+		r->local = placed_on(r->shardid, route.group, &r->placed_xmin);
 		if (r->local)
 		{
 			r->records = shard_relid(objects->records, r->shardid);
@@ -568,6 +582,13 @@ citus_internal_backend(void)
 	const char *name = GetConfigOption("application_name", true, false);
 
 	return name != NULL && strncmp(name, "citus_internal", strlen("citus_internal")) == 0;
+}
+
+/* citus_internal_backend(), for the other parts */
+bool
+idem_citus_internal_backend(void)
+{
+	return idem_citus_loaded() && citus_internal_backend();
 }
 
 /*
@@ -990,4 +1011,114 @@ idem_citus_init(void)
 	prev_planner = planner_hook;
 	planner_hook = citus_guard_planner;
 	RegisterXactCallback(forget_given_back, NULL);
+}
+
+/*
+ * Fencing tokens across nodes.  A node draws a key's tokens from its own
+ * sequences (tokens.c), and those of two nodes are unrelated: after a
+ * shard moves, its keys' next tokens come from another node's counter,
+ * which may be behind the one that issued their earlier tokens -- and a
+ * key whose record was deleted (idem_abort, idem_forget, the purge) has
+ * no record whose token the next claim could go above.  So before a node
+ * issues a token for a shard that came to it since it last looked, it
+ * starts an epoch above the epoch of every node of the cluster
+ * (idem_citus_other_epochs): every token a node issued before that is
+ * below the new epoch's first.
+ *
+ * "Came since it last looked": the placement's row on this node was
+ * written (by the move's switch, after the source node issued its last
+ * token for the shard) by a transaction that is not older than the
+ * transaction counter's value when this backend last read the epochs.
+ * A backend reads them before its first token for distributed records.
+ */
+
+/* Must a token for the key's shard (idem_citus_route's *locked) wait for a look at every node's epoch? */
+bool
+idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid,
+							TransactionId synced)
+{
+	RouteCache *rc = get_route(objects);
+
+	if (rc == NULL || !rc->distributed)
+		return false;
+	if (!TransactionIdIsValid(synced))
+		return true;
+	for (int i = 0; i < rc->nshards; i++)
+	{
+		TransactionId xmin = rc->shards[i].placed_xmin;
+
+		if (rc->shards[i].shardid != shardid)
+			continue;
+		return TransactionIdIsNormal(xmin) && !TransactionIdPrecedes(xmin, synced);
+	}
+	return true;
+}
+
+/*
+ * The greatest epoch recorded in epoch_seq (its last value, bits of the
+ * epoch only: mask) on the other nodes of the cluster, 0 if none; as the
+ * sequence's owner, the extension's, over Citus's connections to every
+ * node.  Refused (08006) if a node cannot be read: its epoch might be the
+ * greatest.
+ */
+int64
+idem_citus_other_epochs(Oid epoch_seq, int64 mask)
+{
+	Relation	seq = relation_open(epoch_seq, AccessShareLock);
+	Oid			owner = seq->rd_rel->relowner;
+	char	   *name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(seq)),
+												  RelationGetRelationName(seq));
+	Oid			save_userid;
+	int			save_sec_context;
+	int64		greatest = 0;
+	StringInfoData query;
+
+	relation_close(seq, NoLock);
+	initStringInfo(&query);
+	appendStringInfo(&query,
+					 "SELECT n.success, n.result FROM pg_catalog.run_command_on_all_nodes(%s) n",
+					 quote_literal_cstr(psprintf("SELECT (SELECT system_identifier FROM pg_catalog.pg_control_system()) "
+												 "OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) last_value FROM %s",
+												 name)));
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		int64		self = (int64) GetSystemIdentifier();
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "idempotency: SPI_connect failed");
+		if (SPI_execute(query.data, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "idempotency: could not read the token epochs of the Citus nodes");
+		for (uint64 i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+			bool		success = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i],
+															 SPI_tuptable->tupdesc, 1, &isnull));
+			char	   *result = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+			char	   *colon = result != NULL ? strchr(result, ':') : NULL;
+			int64		node;
+			int64		epoch;
+
+			if (!success || colon == NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_CONNECTION_FAILURE),
+						 errmsg("could not read the fencing token epoch of every Citus node"),
+						 errdetail("A node answered: %s", result != NULL ? result : "(nothing)"),
+						 errhint("A node that holds a shard that came to it since it last read them reads every node's epoch before it issues a token; retry when every node is up.")));
+			*colon = '\0';
+			node = pg_strtoint64(result);
+			epoch = pg_strtoint64(colon + 1) & mask;
+			if (node != self && epoch > greatest)
+				greatest = epoch;
+		}
+		SPI_finish();
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
+	PG_END_TRY();
+	return greatest;
 }
