@@ -98,7 +98,11 @@
 #include "nodes/readfuncs.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
+#include "storage/ipc.h"
 #include "storage/lock.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -992,28 +996,6 @@ citus_guard_planner(Query *parse, const char *query_string, int cursor_options,
 }
 
 /*
- * Called from _PG_init: where Citus is loaded before this library (as it
- * must be, first in shared_preload_libraries), put the guard in front of
- * its planner; and forget at the end of each transaction that a call gave
- * back its shard's lock.
- */
-static void
-forget_given_back(XactEvent event, void *arg)
-{
-	shard_given_back = false;
-}
-
-void
-idem_citus_init(void)
-{
-	if (!idem_citus_loaded())
-		return;
-	prev_planner = planner_hook;
-	planner_hook = citus_guard_planner;
-	RegisterXactCallback(forget_given_back, NULL);
-}
-
-/*
  * Fencing tokens across nodes.  A node draws a key's tokens from its own
  * sequences (tokens.c), and those of two nodes are unrelated: after a
  * shard moves, its keys' next tokens come from another node's counter,
@@ -1021,27 +1003,110 @@ idem_citus_init(void)
  * key whose record was deleted (idem_abort, idem_forget, the purge) has
  * no record whose token the next claim could go above.  So before a node
  * issues a token for a shard that came to it since it last looked, it
- * starts an epoch above the epoch of every node of the cluster
+ * starts an epoch above the epoch of every other node of the cluster
  * (idem_citus_other_epochs): every token a node issued before that is
  * below the new epoch's first.
  *
  * "Came since it last looked": the placement's row on this node was
  * written (by the move's switch, after the source node issued its last
- * token for the shard) by a transaction that is not older than the
- * transaction counter's value when this backend last read the epochs.
- * A backend reads them before its first token for distributed records.
+ * token for the shard) by a transaction not older than the transaction
+ * counter's value when the node last began to read the epochs.  The node
+ * keeps that value in shared memory, per database (and each backend its
+ * own, which is enough without shared memory); it reads the epochs again
+ * after a restart, and when the value is a billion transactions old.
  */
+#define SYNC_SLOTS 16
+#define SYNC_MAX_AGE (UINT64CONST(1) << 30)
 
-/* Must a token for the key's shard (idem_citus_route's *locked) wait for a look at every node's epoch? */
+typedef struct TokenSync
+{
+	slock_t		mutex;
+	Oid			database[SYNC_SLOTS];
+	FullTransactionId synced[SYNC_SLOTS];
+} TokenSync;
+
+static TokenSync *token_sync = NULL;
+static FullTransactionId backend_synced = {0};
+static shmem_request_hook_type prev_shmem_request = NULL;
+static shmem_startup_hook_type prev_shmem_startup = NULL;
+
+static void
+token_sync_request(void)
+{
+	if (prev_shmem_request != NULL)
+		prev_shmem_request();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(TokenSync)));
+}
+
+static void
+token_sync_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup != NULL)
+		prev_shmem_startup();
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	token_sync = ShmemInitStruct("idempotency token sync", sizeof(TokenSync), &found);
+	if (!found)
+	{
+		memset(token_sync, 0, sizeof(TokenSync));
+		SpinLockInit(&token_sync->mutex);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* When this node (or backend) began its last read of every node's epochs, for this database */
+static FullTransactionId
+last_synced(void)
+{
+	FullTransactionId synced = backend_synced;
+
+	if (token_sync != NULL)
+	{
+		SpinLockAcquire(&token_sync->mutex);
+		for (int i = 0; i < SYNC_SLOTS; i++)
+			if (token_sync->database[i] == MyDatabaseId &&
+				FullTransactionIdFollows(token_sync->synced[i], synced))
+				synced = token_sync->synced[i];
+		SpinLockRelease(&token_sync->mutex);
+	}
+	return synced;
+}
+
+/* The read of every node's epochs that began at before is done */
+void
+idem_citus_tokens_synced(FullTransactionId before)
+{
+	if (FullTransactionIdFollows(before, backend_synced))
+		backend_synced = before;
+	if (token_sync == NULL)
+		return;
+	SpinLockAcquire(&token_sync->mutex);
+	for (int i = 0; i < SYNC_SLOTS; i++)
+	{
+		if (token_sync->database[i] == MyDatabaseId || token_sync->database[i] == InvalidOid)
+		{
+			token_sync->database[i] = MyDatabaseId;
+			if (FullTransactionIdFollows(before, token_sync->synced[i]))
+				token_sync->synced[i] = before;
+			break;
+		}
+	}
+	SpinLockRelease(&token_sync->mutex);
+}
+
+/* Must a token for the key's shard (idem_citus_route's *locked) wait for a read of every node's epoch? */
 bool
-idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid,
-							TransactionId synced)
+idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid)
 {
 	RouteCache *rc = get_route(objects);
+	FullTransactionId synced = last_synced();
+	FullTransactionId next = ReadNextFullTransactionId();
 
 	if (rc == NULL || !rc->distributed)
 		return false;
-	if (!TransactionIdIsValid(synced))
+	if (!FullTransactionIdIsValid(synced) ||
+		U64FromFullTransactionId(next) - U64FromFullTransactionId(synced) > SYNC_MAX_AGE)
 		return true;
 	for (int i = 0; i < rc->nshards; i++)
 	{
@@ -1049,7 +1114,8 @@ idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid,
 
 		if (rc->shards[i].shardid != shardid)
 			continue;
-		return TransactionIdIsNormal(xmin) && !TransactionIdPrecedes(xmin, synced);
+		return TransactionIdIsNormal(xmin) &&
+			!TransactionIdPrecedes(xmin, XidFromFullTransactionId(synced));
 	}
 	return true;
 }
@@ -1121,4 +1187,34 @@ idem_citus_other_epochs(Oid epoch_seq, int64 mask)
 	}
 	PG_END_TRY();
 	return greatest;
+}
+
+/* At the end of each transaction: no call has given back its shard's lock */
+static void
+forget_given_back(XactEvent event, void *arg)
+{
+	shard_given_back = false;
+}
+
+/*
+ * Called from _PG_init: where Citus is loaded before this library (as it
+ * must be, first in shared_preload_libraries), reserve the token sync's
+ * shared memory, put the guard in front of Citus's planner, and forget at
+ * the end of each transaction that a call gave back its shard's lock.
+ */
+void
+idem_citus_init(void)
+{
+	if (!idem_citus_loaded())
+		return;
+	if (process_shared_preload_libraries_in_progress)
+	{
+		prev_shmem_request = shmem_request_hook;
+		shmem_request_hook = token_sync_request;
+		prev_shmem_startup = shmem_startup_hook;
+		shmem_startup_hook = token_sync_startup;
+	}
+	prev_planner = planner_hook;
+	planner_hook = citus_guard_planner;
+	RegisterXactCallback(forget_given_back, NULL);
 }

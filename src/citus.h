@@ -8,6 +8,7 @@
 #ifndef IDEM_CITUS_H
 #define IDEM_CITUS_H
 
+#include "access/transam.h"
 #include "datatype/timestamp.h"
 #include "nodes/pg_list.h"
 #include "catalog.h"
@@ -21,8 +22,8 @@ extern bool idem_citus_route(IdemObjects *objects, const IdemKey *key, bool writ
 							 int64 *locked);
 extern void idem_citus_unlock_shard(const IdemObjects *objects, int64 shardid);
 extern TimestampTz idem_citus_wake_by(TimestampTz until);
-extern bool idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid,
-										TransactionId synced);
+extern bool idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid);
+extern void idem_citus_tokens_synced(FullTransactionId before);
 extern int64 idem_citus_other_epochs(Oid epoch_seq, int64 mask);
 extern List *idem_citus_local_parts(const IdemObjects *objects, bool refuse_on_worker);
 extern bool idem_citus_distributed(Oid records);
