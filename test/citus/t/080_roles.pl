@@ -11,7 +11,9 @@
 #  - a role created later as bob does not get bob's records: its claim of
 #    the same key is new;
 #  - DROP ROLE carol is refused (2BP01) while she has records, and changes
-#    nothing; DROP OWNED BY carol deletes them, and the role can go.
+#    nothing; DROP OWNED BY carol deletes them, and the role can go;
+#  - on one server (a database without Citus), DROP OWNED BY deletes the
+#    role's records too.
 
 use strict;
 use warnings;
@@ -77,6 +79,16 @@ is($coord->safe_psql('postgres', q{SELECT count(*) FROM idem_record WHERE role_i
 is($st, '00000', 'then the role can be dropped');
 is($coord->safe_psql('postgres', q{SELECT count(*) FROM idem_record WHERE role_id = 'bob'}), '1',
 	"the new bob's record stays");
+
+# records on one server (a database without Citus: role_id is the OID):
+# DROP OWNED BY deletes the role's records there too
+$coord->safe_psql('postgres', q{CREATE DATABASE plain; CREATE ROLE dave LOGIN});
+$coord->safe_psql('plain', q{CREATE EXTENSION idempotency});
+($st) = try_sql($coord, 'plain', q{SET ROLE dave; SELECT idem_begin('charge', 'd-1', NULL)});
+is($st, '00000', 'dave claimed d-1 on one server');
+$coord->safe_psql('plain', q{DROP OWNED BY dave});
+is($coord->safe_psql('plain', q{SELECT count(*) FROM idem_record WHERE role_id = 'dave'::regrole}), '0',
+	"DROP OWNED BY deletes the role's records on one server");
 
 $_->stop for @nodes;
 done_testing();
