@@ -23,7 +23,11 @@
  * Citus's shard metadata lock in share mode, as its own writers do -- a
  * shard move takes it exclusively before it switches the shard to its new
  * node, so a move waits for our transaction and then carries our write
- * along -- and checks that the shard's placement is on this node.  A call
+ * along (a duplicate that sleeps waiting for another attempt gives the
+ * lock back while it sleeps, so that neither a move nor the other
+ * attempt's finish queues behind it) -- and checks that the shard's
+ * placement is on this node; a call that held it there before the move
+ * took it away is told to retry (40001).  A call
  * that was not delegated (inside PL/pgSQL, with a key that is not a
  * constant, or through a node that routes by stale metadata) therefore
  * fails with a clear error on the wrong node, rather than answering from
@@ -68,26 +72,43 @@
 
 #include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/relation.h"
 #include "access/skey.h"
 #include "access/stratnum.h"
 #include "access/table.h"
+#include "access/transam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_collation_d.h"
+#include "catalog/pg_language_d.h"
 #include "catalog/pg_namespace_d.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type_d.h"
 #include "commands/extension.h"
+#include "executor/spi.h"
 #include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "nodes/nodeFuncs.h"
+#include "nodes/params.h"
+#include "nodes/pathnodes.h"
 #include "nodes/primnodes.h"
 #include "nodes/readfuncs.h"
-#include "access/xact.h"
-#include "catalog/pg_class.h"
-#include "catalog/pg_type_d.h"
-#include "miscadmin.h"
+#include "optimizer/optimizer.h"
+#include "optimizer/planner.h"
+#include "storage/ipc.h"
+#include "storage/lock.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
-#include "utils/lsyscache.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/syscache.h"
@@ -101,6 +122,15 @@
 #define CITUS_COORDINATOR_GROUP 0
 
 /*
+ * The classes of Citus's shard metadata locks (advisory locks):
+ * ADV_LOCKTAG_CLASS_CITUS_SHARD_METADATA, by shard, and
+ * ADV_LOCKTAG_CLASS_CITUS_COLOCATED_SHARDS_METADATA, by colocation group
+ * and shard index, which a hash-distributed table's shards use
+ */
+#define CITUS_SHARD_METADATA_LOCK_CLASS 4
+#define CITUS_COLOCATED_SHARDS_METADATA_LOCK_CLASS 8
+
+/*
  * Citus's functions, looked up once.  Use2PCForCoordinatedTransaction() is
  * a C function Citus's builds for PostgreSQL 16 and later do not export
  * (PostgreSQL compiles modules with hidden symbols from 16 on, and Citus
@@ -111,6 +141,14 @@
 static void (*use_2pc) (void) = NULL;
 static bool use_2pc_missing = false;
 static PGFunction lock_shard_metadata = NULL;
+
+static planner_hook_type prev_planner = NULL;
+
+/* the call gave back its shard's lock to sleep (idem_citus_unlock_shard) */
+static bool shard_given_back = false;
+
+/* how long a sleep that gave back its shard's lock lasts at most: a move may take the shard away meanwhile */
+#define SHARD_SLEEP_MS 1000
 
 /* Is Citus loaded in this backend (it must be preloaded, or it refuses)? */
 bool
@@ -196,7 +234,7 @@ local_group(void)
  * that has none, a reference table), as Citus keeps it: a Var.
  */
 static bool
-distribution_of(Oid relid, Var **column)
+distribution_of(Oid relid, Var **column, int32 *colocation)
 {
 	Relation	rel;
 	SysScanDesc scan;
@@ -223,6 +261,14 @@ distribution_of(Oid relid, Var **column)
 			elog(ERROR, "idempotency: the distribution column of \"%s\" is not a column",
 				 get_rel_name(relid));
 		*column = (Var *) node;
+	}
+	if (found && colocation != NULL)
+	{
+		bool		isnull;
+		Datum		id = heap_getattr(tuple, citus_column(catalog, "colocationid"),
+									  RelationGetDescr(rel), &isnull);
+
+		*colocation = isnull ? 0 : DatumGetInt32(id);
 	}
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
@@ -273,13 +319,19 @@ for_each_shard(Oid relid, ShardCallback fn, void *arg)
 	table_close(rel, AccessShareLock);
 }
 
-/* Has shardid a placement in group (this node's)? */
+/*
+ * Has shardid a placement in group (this node's)?  *xmin: the transaction
+ * that wrote the placement's row here, which a shard move that brought the
+ * shard here rewrites (Citus updates the row's group on every node with
+ * metadata, and inserts a new one on the coordinator)
+ */
 static bool
-placed_on(int64 shardid, int32 group)
+placed_on(int64 shardid, int32 group, TransactionId *xmin)
 {
 	Relation	rel;
 	SysScanDesc scan;
 	ScanKeyData skey[2];
+	HeapTuple	tuple;
 	bool		found;
 
 	Oid			catalog = citus_catalog("pg_dist_placement");
@@ -292,7 +344,9 @@ placed_on(int64 shardid, int32 group)
 	rel = table_open(catalog, AccessShareLock);
 	scan = systable_beginscan(rel, citus_catalog("placement_shardid_groupid_unique_index"),
 							  true, NULL, 2, skey);
-	found = HeapTupleIsValid(systable_getnext(scan));
+	tuple = systable_getnext(scan);
+	found = HeapTupleIsValid(tuple);
+	*xmin = found ? HeapTupleHeaderGetRawXmin(tuple->t_data) : InvalidTransactionId;
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return found;
@@ -327,6 +381,7 @@ typedef struct ShardRoute
 	int64		shardid;		/* of idem_record's shard */
 	int64		result_shardid; /* of idem_result's, the same range */
 	bool		local;			/* placed on this node */
+	TransactionId placed_xmin;	/* ... by this transaction (placed_on) */
 	Oid			records;		/* the shards' relations, when local */
 	Oid			results;
 } ShardRoute;
@@ -340,6 +395,7 @@ typedef struct RouteCache
 	int32		group;
 	bool		distributed;
 	bool		by_tenant;		/* distributed by a tenant, not by key */
+	int32		colocation;		/* the colocation group's id */
 	Oid			dist_type;		/* the distribution column's type */
 	Oid			dist_collation; /* ... and collation */
 	FmgrInfo   *dist_hash;		/* its type's hash function (the type cache's) */
@@ -412,7 +468,7 @@ build_route(const IdemObjects *objects)
 	route.results = objects->results;
 	route.local_group_rel = citus_catalog("pg_dist_local_group");
 	route.group = local_group();
-	route.distributed = distribution_of(objects->records, &column);
+	route.distributed = distribution_of(objects->records, &column, &route.colocation);
 	route.nshards = 0;
 	if (route.shards != NULL)
 		pfree(route.shards);
@@ -464,7 +520,7 @@ build_route(const IdemObjects *objects)
 								   r->shardid, ress.items[i].shardid)));
 			r->result_shardid = ress.items[i].shardid;
 		}
-		r->local = placed_on(r->shardid, route.group);
+		r->local = placed_on(r->shardid, route.group, &r->placed_xmin);
 		if (r->local)
 		{
 			r->records = shard_relid(objects->records, r->shardid);
@@ -532,6 +588,13 @@ citus_internal_backend(void)
 	return name != NULL && strncmp(name, "citus_internal", strlen("citus_internal")) == 0;
 }
 
+/* citus_internal_backend(), for the other parts */
+bool
+idem_citus_internal_backend(void)
+{
+	return idem_citus_loaded() && citus_internal_backend();
+}
+
 /*
  * A write of records in a transaction that may also write other nodes
  * through Citus: make Citus commit those in two phases (see the top).
@@ -596,6 +659,58 @@ lock_shard_in_share_mode(Oid shell, int64 shardid)
 	PG_END_TRY();
 }
 
+/*
+ * Give back the shard metadata lock idem_citus_route took for a call, as
+ * a waiting duplicate does while it sleeps (claim.c): a shard move
+ * queues for the lock in exclusive mode, and the owner's idem_finish
+ * would queue behind the move, for as long as the duplicate sleeps --
+ * until the owner's lease ends.  The call takes it again, and looks
+ * again where the key is, when it wakes.  A lock the transaction took for
+ * an earlier call, which may have written the shard, stays.
+ */
+void
+idem_citus_unlock_shard(const IdemObjects *objects, int64 shardid)
+{
+	RouteCache *rc = get_route(objects);
+	LOCKTAG		tag;
+	int			index = -1;
+
+	/*
+	 * Citus's SetLocktagForShardDistributionMetadata: a shard of a
+	 * hash-distributed table in a colocation group is locked by the group
+	 * and its index among the group's shards, in the order of their ranges
+	 * (as rc->shards)
+	 */
+	for (int i = 0; rc != NULL && i < rc->nshards; i++)
+		if (rc->shards[i].shardid == shardid)
+			index = i;
+	if (index < 0 || rc->colocation == 0)
+		SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (shardid >> 32), (uint32) shardid,
+							 CITUS_SHARD_METADATA_LOCK_CLASS);
+	else
+		SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) index, (uint32) rc->colocation,
+							 CITUS_COLOCATED_SHARDS_METADATA_LOCK_CLASS);
+	LockRelease(&tag, ShareLock, false);
+	shard_given_back = true;
+}
+
+/*
+ * The end of a sleep that would end at until: sooner if the call gave back
+ * its shard's lock to sleep, so that it notices a move of the shard (which
+ * takes the key's wake-ups to another node) within a second, not at the
+ * end of the lease it waits for.  Waking early only makes it look again.
+ */
+TimestampTz
+idem_citus_wake_by(TimestampTz until)
+{
+	TimestampTz soon;
+
+	if (!shard_given_back)
+		return until;
+	soon = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), SHARD_SLEEP_MS);
+	return Min(until, soon);
+}
+
 static void
 refuse_worker(int32 group)
 {
@@ -625,16 +740,20 @@ route_hash(RouteCache *rc, const IdemKey *key)
 /*
  * Point objects->records and objects->results at what this node serves
  * the key from, and say whether the records are distributed.  key NULL:
- * a call for the whole store (see idem_citus_local_parts).
+ * a call for the whole store (see idem_citus_local_parts).  *locked is the
+ * shard whose metadata lock the call took (0: none), which
+ * idem_citus_unlock_shard gives back.
  */
 bool
-idem_citus_route(IdemObjects *objects, const IdemKey *key, bool write)
+idem_citus_route(IdemObjects *objects, const IdemKey *key, bool write, int64 *locked)
 {
 	RouteCache *rc = get_route(objects);
 	int32		hash;
 	ShardRoute *shard;
 	int64		shardid;
+	bool		moved_while_asleep;	/* or while it waited for the lock */
 
+	*locked = 0;
 	if (rc == NULL)
 		return false;
 	if (!rc->distributed)
@@ -649,12 +768,26 @@ idem_citus_route(IdemObjects *objects, const IdemKey *key, bool write)
 		return true;
 
 	hash = route_hash(rc, key);
-	shardid = shard_of_hash(rc, hash)->shardid;
+	moved_while_asleep = shard_given_back;
+	shard_given_back = false;
+	shard = shard_of_hash(rc, hash);
+	shardid = shard->shardid;
+	/* here before the lock: a move that took it away raced this call */
+	moved_while_asleep |= shard->local;
 	lock_shard_in_share_mode(objects->records, shardid);
+	*locked = shardid;
 	/* a move that committed while we waited for the lock */
 	AcceptInvalidationMessages();
 	rc = get_route(objects);
 	shard = shard_of_hash(rc, hash);
+	if ((shard->shardid != shardid || !shard->local) && moved_while_asleep)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("the idempotency record of key \"%s\" moved to another node during the call",
+						text_to_cstring(key->key)),
+				 errdetail("A shard move of the records took the key's shard " INT64_FORMAT " off this node (group %d).",
+						   shardid, rc->group),
+				 errhint("Retry the call: Citus sends it to the node that holds the key now.")));
 	if (shard->shardid != shardid || !shard->local)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -712,5 +845,376 @@ idem_citus_local_parts(const IdemObjects *objects, bool refuse_on_worker)
 bool
 idem_citus_distributed(Oid records)
 {
-	return on_citus() && distribution_of(records, NULL);
+	return on_citus() && distribution_of(records, NULL, NULL);
+}
+
+/*
+ * A NULL distribution argument, refused before Citus plans the call.
+ *
+ * Citus delegates a call of a distributed function -- SELECT f(...), or
+ * SELECT ... FROM f(...) -- by hashing the constant its distribution
+ * argument has once the planner has folded it.  Citus 13.2 does not look
+ * at whether that constant is NULL: for a type passed by value (bigint)
+ * it hashes a zero, and for one passed by reference (text, numeric, uuid:
+ * the key of records distributed by key, a tenant of such a type) it
+ * reads through a null pointer and takes the node down, with every
+ * session on it.  The functions refuse a NULL key or tenant anyway
+ * (22004), so this planner hook, which runs before Citus's (the library
+ * is preloaded after Citus), refuses such a call of one of ours with that
+ * error while planning it, on every node, whatever the layout.
+ */
+
+/*
+ * Is funcid one of our functions that take a key?  If so, *key_arg and
+ * *tenant_arg (-1: none) are the arguments Citus may delegate it by.
+ */
+static bool
+distribution_args(Oid funcid, int *key_arg, int *tenant_arg)
+{
+	static const char *const keyed[] = {
+		"idem_begin", "idem_finish", "idem_abort", "idem_renew",
+		"idem_checkpoint", "idem_inspect", "idem_forget"
+	};
+	HeapTuple	tuple;
+	Form_pg_proc proc;
+	bool		ours = false;
+
+	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	proc = (Form_pg_proc) GETSTRUCT(tuple);
+	if (proc->prolang == ClanguageId && strncmp(NameStr(proc->proname), "idem_", 5) == 0)
+	{
+		bool		isnull;
+		Datum		bin = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_probin, &isnull);
+		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
+		char	   *library = TextDatumGetCString(bin);
+		char	   *symbol = TextDatumGetCString(src);
+		size_t		len = strlen(library);
+
+		if (len >= strlen("idempotency") &&
+			strcmp(library + len - strlen("idempotency"), "idempotency") == 0)
+		{
+			for (int i = 0; i < lengthof(keyed) && !ours; i++)
+			{
+				size_t		n = strlen(keyed[i]);
+
+				if (strncmp(symbol, keyed[i], n) != 0)
+					continue;
+				if (symbol[n] == '\0')
+				{
+					*tenant_arg = -1;
+					*key_arg = 1;
+					ours = true;
+				}
+				else if (strcmp(symbol + n, "_tenant") == 0)
+				{
+					*tenant_arg = 0;
+					*key_arg = 2;
+					ours = true;
+				}
+			}
+		}
+	}
+	ReleaseSysCache(tuple);
+	return ours;
+}
+
+/* Is the argument NULL, as the planner will fold it with these parameters? */
+static bool
+folds_to_null(Node *arg, ParamListInfo params)
+{
+	PlannerGlobal glob;
+	PlannerInfo root;
+	Node	   *folded;
+
+	if (IsA(arg, Const))
+		return ((Const *) arg)->constisnull;
+	if (IsA(arg, Param) && ((Param *) arg)->paramkind != PARAM_EXTERN)
+		return false;
+	if (params == NULL && IsA(arg, Param))
+		return false;
+	if (!IsA(arg, Param) && contain_volatile_functions(arg))
+		return false;
+	MemSet(&glob, 0, sizeof(glob));
+	MemSet(&root, 0, sizeof(root));
+	glob.boundParams = params;
+	root.glob = &glob;
+	folded = estimate_expression_value(&root, copyObject(arg));
+	return IsA(folded, Const) && ((Const *) folded)->constisnull;
+}
+
+static void
+refuse_null_distribution_arg(Node *expr, ParamListInfo params)
+{
+	FuncExpr   *call;
+	int			key_arg,
+				tenant_arg;
+
+	if (expr == NULL || !IsA(expr, FuncExpr))
+		return;
+	call = (FuncExpr *) expr;
+	if (!distribution_args(call->funcid, &key_arg, &tenant_arg))
+		return;
+	if (tenant_arg >= 0 && tenant_arg < list_length(call->args) &&
+		folds_to_null(list_nth(call->args, tenant_arg), params))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("argument \"%s\" must not be null", "tenant")));
+	if (key_arg < list_length(call->args) &&
+		folds_to_null(list_nth(call->args, key_arg), params))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("argument \"%s\" must not be null", "key")));
+}
+
+static PlannedStmt *
+citus_guard_planner(Query *parse, const char *query_string, int cursor_options,
+					ParamListInfo params)
+{
+	/* the shapes Citus delegates: a call in the select list, or in FROM */
+	if (parse->commandType == CMD_SELECT)
+	{
+		ListCell   *lc;
+
+		foreach(lc, parse->targetList)
+			refuse_null_distribution_arg((Node *) ((TargetEntry *) lfirst(lc))->expr, params);
+		foreach(lc, parse->rtable)
+		{
+			RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
+			ListCell   *fc;
+
+			if (rte->rtekind != RTE_FUNCTION)
+				continue;
+			foreach(fc, rte->functions)
+				refuse_null_distribution_arg(((RangeTblFunction *) lfirst(fc))->funcexpr, params);
+		}
+	}
+	if (prev_planner != NULL)
+		return prev_planner(parse, query_string, cursor_options, params);
+	return standard_planner(parse, query_string, cursor_options, params);
+}
+
+/*
+ * Fencing tokens across nodes.  A node draws a key's tokens from its own
+ * sequences (tokens.c), and those of two nodes are unrelated: after a
+ * shard moves, its keys' next tokens come from another node's counter,
+ * which may be behind the one that issued their earlier tokens -- and a
+ * key whose record was deleted (idem_abort, idem_forget, the purge) has
+ * no record whose token the next claim could go above.  So before a node
+ * issues a token for a shard that came to it since it last looked, it
+ * starts an epoch above the epoch of every other node of the cluster
+ * (idem_citus_other_epochs): every token a node issued before that is
+ * below the new epoch's first.
+ *
+ * "Came since it last looked": the placement's row on this node was
+ * written (by the move's switch, after the source node issued its last
+ * token for the shard) by a transaction not older than the transaction
+ * counter's value when the node last began to read the epochs.  The node
+ * keeps that value in shared memory, per database (and each backend its
+ * own, which is enough without shared memory); it reads the epochs again
+ * after a restart, and when the value is a billion transactions old.
+ */
+#define SYNC_SLOTS 16
+#define SYNC_MAX_AGE (UINT64CONST(1) << 30)
+
+typedef struct TokenSync
+{
+	slock_t		mutex;
+	Oid			database[SYNC_SLOTS];
+	FullTransactionId synced[SYNC_SLOTS];
+} TokenSync;
+
+static TokenSync *token_sync = NULL;
+static FullTransactionId backend_synced = {0};
+static shmem_request_hook_type prev_shmem_request = NULL;
+static shmem_startup_hook_type prev_shmem_startup = NULL;
+
+static void
+token_sync_request(void)
+{
+	if (prev_shmem_request != NULL)
+		prev_shmem_request();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(TokenSync)));
+}
+
+static void
+token_sync_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup != NULL)
+		prev_shmem_startup();
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	token_sync = ShmemInitStruct("idempotency token sync", sizeof(TokenSync), &found);
+	if (!found)
+	{
+		memset(token_sync, 0, sizeof(TokenSync));
+		SpinLockInit(&token_sync->mutex);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* When this node (or backend) began its last read of every node's epochs, for this database */
+static FullTransactionId
+last_synced(void)
+{
+	FullTransactionId synced = backend_synced;
+
+	if (token_sync != NULL)
+	{
+		SpinLockAcquire(&token_sync->mutex);
+		for (int i = 0; i < SYNC_SLOTS; i++)
+			if (token_sync->database[i] == MyDatabaseId &&
+				FullTransactionIdFollows(token_sync->synced[i], synced))
+				synced = token_sync->synced[i];
+		SpinLockRelease(&token_sync->mutex);
+	}
+	return synced;
+}
+
+/* The read of every node's epochs that began at before is done */
+void
+idem_citus_tokens_synced(FullTransactionId before)
+{
+	if (FullTransactionIdFollows(before, backend_synced))
+		backend_synced = before;
+	if (token_sync == NULL)
+		return;
+	SpinLockAcquire(&token_sync->mutex);
+	for (int i = 0; i < SYNC_SLOTS; i++)
+	{
+		if (token_sync->database[i] == MyDatabaseId || token_sync->database[i] == InvalidOid)
+		{
+			token_sync->database[i] = MyDatabaseId;
+			if (FullTransactionIdFollows(before, token_sync->synced[i]))
+				token_sync->synced[i] = before;
+			break;
+		}
+	}
+	SpinLockRelease(&token_sync->mutex);
+}
+
+/* Must a token for the key's shard (idem_citus_route's *locked) wait for a read of every node's epoch? */
+bool
+idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid)
+{
+	RouteCache *rc = get_route(objects);
+	FullTransactionId synced = last_synced();
+	FullTransactionId next = ReadNextFullTransactionId();
+
+	if (rc == NULL || !rc->distributed)
+		return false;
+	if (!FullTransactionIdIsValid(synced) ||
+		U64FromFullTransactionId(next) - U64FromFullTransactionId(synced) > SYNC_MAX_AGE)
+		return true;
+	for (int i = 0; i < rc->nshards; i++)
+	{
+		TransactionId xmin = rc->shards[i].placed_xmin;
+
+		if (rc->shards[i].shardid != shardid)
+			continue;
+		return TransactionIdIsNormal(xmin) &&
+			!TransactionIdPrecedes(xmin, XidFromFullTransactionId(synced));
+	}
+	return true;
+}
+
+/*
+ * The greatest epoch recorded in epoch_seq (its last value, bits of the
+ * epoch only: mask) on the other nodes of the cluster, 0 if none; as the
+ * sequence's owner, the extension's, over Citus's connections to every
+ * node.  Refused (08006) if a node cannot be read: its epoch might be the
+ * greatest.
+ */
+int64
+idem_citus_other_epochs(Oid epoch_seq, int64 mask)
+{
+	Relation	seq = relation_open(epoch_seq, AccessShareLock);
+	Oid			owner = seq->rd_rel->relowner;
+	char	   *name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(seq)),
+												  RelationGetRelationName(seq));
+	Oid			save_userid;
+	int			save_sec_context;
+	int64		greatest = 0;
+	StringInfoData query;
+
+	relation_close(seq, NoLock);
+	initStringInfo(&query);
+	appendStringInfo(&query,
+					 "SELECT n.success, n.result FROM pg_catalog.run_command_on_all_nodes(%s) n",
+					 quote_literal_cstr(psprintf("SELECT (SELECT system_identifier FROM pg_catalog.pg_control_system()) "
+												 "OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) last_value FROM %s",
+												 name)));
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		int64		self = (int64) GetSystemIdentifier();
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "idempotency: SPI_connect failed");
+		if (SPI_execute(query.data, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "idempotency: could not read the token epochs of the Citus nodes");
+		for (uint64 i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+			bool		success = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i],
+															 SPI_tuptable->tupdesc, 1, &isnull));
+			char	   *result = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+			char	   *colon = result != NULL ? strchr(result, ':') : NULL;
+			int64		node;
+			int64		epoch;
+
+			if (!success || colon == NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_CONNECTION_FAILURE),
+						 errmsg("could not read the fencing token epoch of every Citus node"),
+						 errdetail("A node answered: %s", result != NULL ? result : "(nothing)"),
+						 errhint("A node that holds a shard that came to it since it last read them reads every node's epoch before it issues a token; retry when every node is up.")));
+			*colon = '\0';
+			node = pg_strtoint64(result);
+			epoch = pg_strtoint64(colon + 1) & mask;
+			if (node != self && epoch > greatest)
+				greatest = epoch;
+		}
+		SPI_finish();
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
+	PG_END_TRY();
+	return greatest;
+}
+
+/* At the end of each transaction: no call has given back its shard's lock */
+static void
+forget_given_back(XactEvent event, void *arg)
+{
+	shard_given_back = false;
+}
+
+/*
+ * Called from _PG_init: where Citus is loaded before this library (as it
+ * must be, first in shared_preload_libraries), reserve the token sync's
+ * shared memory, put the guard in front of Citus's planner, and forget at
+ * the end of each transaction that a call gave back its shard's lock.
+ */
+void
+idem_citus_init(void)
+{
+	if (!idem_citus_loaded())
+		return;
+	if (process_shared_preload_libraries_in_progress)
+	{
+		prev_shmem_request = shmem_request_hook;
+		shmem_request_hook = token_sync_request;
+		prev_shmem_startup = shmem_startup_hook;
+		shmem_startup_hook = token_sync_startup;
+	}
+	prev_planner = planner_hook;
+	planner_hook = citus_guard_planner;
+	RegisterXactCallback(forget_given_back, NULL);
 }

@@ -20,6 +20,7 @@
 #include "idempotency.h"
 #include "publication.h"
 #include "purge.h"
+#include "roles.h"
 #include "shape.h"
 
 PG_MODULE_MAGIC;
@@ -43,6 +44,8 @@ _PG_init(void)
 	idem_publication_init();	/* publish_records */
 	idem_counters_init();		/* shared memory, when preloaded */
 	idem_shape_init();			/* the cache of the tables' shapes */
+	idem_citus_init();			/* the guard in front of Citus's planner */
+	idem_roles_init();			/* records through role renames and drops */
 
 	/*
 	 * One relcache callback for every cache of the parts: a backend has

@@ -71,6 +71,7 @@
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
 
+#include "citus.h"
 #include "idempotency.h"
 #include "locks.h"
 #include "store.h"
@@ -265,6 +266,7 @@ idem_wait_for_wakeup(const IdemKey *key, int64 holder, TimestampTz until,
 				 errdetail("Another attempt holds the idempotency key.")));
 	if (lock_deadline != 0 && lock_deadline < until)
 		until = lock_deadline;
+	until = idem_citus_wake_by(until);	/* a shard that may move meanwhile */
 
 	Assert(nrelids <= IDEM_NUM_TABLES);
 	for (int i = 0; i < nrelids; i++)

@@ -160,8 +160,9 @@ idem_store_open(IdemStore *store, Oid fn_oid, LOCKMODE lockmode, const IdemKey *
 	 */
 	if (citus)
 		LockRelationOid(shell, lockmode);
+	store->shard = 0;
 	store->distributed = citus &&
-		idem_citus_route(&objects, key, lockmode != AccessShareLock);
+		idem_citus_route(&objects, key, lockmode != AccessShareLock, &store->shard);
 	if (store->distributed && key == NULL)
 		elog(ERROR, "distributed idempotency records opened without a key");
 	store->key = key;
@@ -205,6 +206,7 @@ idem_store_open_part(IdemStore *store, Oid fn_oid, LOCKMODE lockmode,
 	store->distributed = false;
 	store->key = NULL;
 	store->shell = InvalidOid;
+	store->shard = 0;
 	open_objects(store, part, fn_oid, lockmode);
 }
 
@@ -281,6 +283,14 @@ idem_store_close(IdemStore *store, bool release)
 	}
 	if (release && OidIsValid(store->shell))
 		UnlockRelationOid(store->shell, store->lockmode);
+	if (release && store->shard != 0)
+	{
+		IdemObjects objects;
+
+		idem_catalog_objects(store->fn_oid, &objects);
+		idem_citus_unlock_shard(&objects, store->shard);
+		store->shard = 0;
+	}
 }
 
 /*

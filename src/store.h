@@ -89,6 +89,8 @@ typedef struct IdemStore
 	Oid			epoch_seq;		/* idem_token_epoch; InvalidOid without one */
 	bool		distributed;	/* Citus shards of distributed records */
 	Oid			shell;			/* ... whose tables' shell is locked too */
+	int64		shard;			/* ... and the Citus shard whose metadata lock
+								 * the opening took (0: none) */
 	const IdemKey *key;		/* the key they were opened for, or NULL */
 } IdemStore;
 

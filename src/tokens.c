@@ -52,6 +52,10 @@
  * pg_dump carries the epoch, not the count: a restored database starts a
  * new epoch, above every dumped one.
  *
+ * On a Citus cluster with distributed records each node has its own
+ * sequences; a node that serves a shard that came to it from another
+ * starts an epoch above every other node's first (sync_with_citus).
+ *
  * Timeline numbers belong to one cluster.  A dump restored into another
  * cluster, or pg_upgrade's new cluster, starts over on its own timelines,
  * which may be lower than those recorded -- and a standby of that cluster,
@@ -87,6 +91,7 @@
 
 #include "access/htup_details.h"
 #include "access/relation.h"
+#include "access/transam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/pg_sequence.h"
@@ -105,6 +110,7 @@
 #include "utils/timestamp.h"
 
 #include "catalog.h"
+#include "citus.h"
 #include "idempotency.h"
 #include "store.h"
 #include "tokens.h"
@@ -325,6 +331,34 @@ start_epoch(IdemStore *store, int bits, int64 min_epoch)
 	set_sequence(store->token_seq, epoch << bits, true);
 }
 
+/*
+ * Distributed records on Citus: a token for a shard that came to this node
+ * since it last looked must be above every token any node issued before (citus.c, "Fencing tokens across nodes"): if another
+ * node's epoch is not below this node's, start an epoch above it.
+ */
+static void
+sync_with_citus(IdemStore *store)
+{
+	IdemObjects objects;
+	FullTransactionId before;
+	int64		others;
+	XLogRecPtr	lsn;
+
+	idem_catalog_objects(store->fn_oid, &objects);
+	if (!idem_citus_tokens_need_sync(&objects, store->shard))
+		return;
+	if (count_bits(store) != COUNT_BITS)
+		return;					/* the 32-bit layout has no bands (docs/scaling-out.md) */
+	before = ReadNextFullTransactionId();
+	others = idem_citus_other_epochs(store->epoch_seq, FIELD_MAX(EPOCH_BITS));
+
+	LockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
+	if ((read_sequence(store->epoch_seq, &lsn) & FIELD_MAX(EPOCH_BITS)) <= others)
+		start_epoch(store, COUNT_BITS, others);
+	UnlockRelationOid(store->epoch_seq, ShareUpdateExclusiveLock);
+	idem_citus_tokens_synced(before);
+}
+
 int64
 idem_next_token(IdemStore *store)
 {
@@ -340,6 +374,9 @@ idem_next_token(IdemStore *store)
 		ForceSyncCommit();
 		return nextval_internal(store->token_seq, false);
 	}
+
+	if (store->shard != 0)
+		sync_with_citus(store);
 
 	for (;;)
 	{
