@@ -50,11 +50,11 @@
 #include "utils/typcache.h"
 
 #include "args.h"
-#include "claim.h"
 #include "counters.h"
 #include "idempotency.h"
 #include "locks.h"
 #include "read.h"
+#include "state.h"
 #include "store.h"
 #include "tokens.h"
 #include "write.h"
@@ -228,33 +228,6 @@ raise_response_expired(const IdemKey *key, const IdemRecord *rec)
 
 /* ---- idem_begin ---- */
 
-/*
- * Live: another transaction is inserting it, or it is pending in ours, or
- * it is within its lease / retention -- and, for a committed claim made
- * with takeover => 'session', the session that made it is still there.
- * Anything else counts as absent.
- */
-static bool
-record_is_live(const IdemRecord *rec, TimestampTz now)
-{
-	if (IdemRecordIsPending(rec) && (rec->mine || rec->uncommitted))
-		return true;
-	if (rec->expires_at <= now)
-		return false;
-	if (IdemRecordIsPending(rec) && rec->holder != 0 &&
-		!TransactionIdIsValid(rec->busy_xid))
-		return idem_session_alive(rec->holder);
-	return true;
-}
-
-/* Completed, past its retention, and still remembered */
-static bool
-record_is_remembered(const IdemRecord *rec, TimestampTz now)
-{
-	return !IdemRecordIsPending(rec) && rec->expires_at <= now &&
-		rec->forget_at > now;
-}
-
 /* What idem_begin was asked for */
 typedef struct ClaimRequest
 {
@@ -286,7 +259,8 @@ replay_without_lock(IdemStore *store, const IdemKey *key, bytea *fingerprint,
 {
 	if (!idem_store_peek(store, key, rec) ||
 		TransactionIdIsValid(rec->busy_xid) || IdemRecordIsPending(rec) ||
-		!rec->in_snapshot || !record_is_live(rec, GetCurrentTimestamp()))
+		!rec->in_snapshot ||
+		idem_record_state(rec, GetCurrentTimestamp()) != IDEM_STATE_COMPLETED)
 		return false;
 	check_fingerprint(key, rec, fingerprint);
 	Assert(rec->response != NULL);
@@ -327,6 +301,7 @@ claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 		IdemRecord	claim;
 		TimestampTz now;
 		bool		found;
+		IdemState	state = IDEM_STATE_EXPIRED;
 		Oid			relids[IDEM_NUM_TABLES];
 		int			nrelids;
 
@@ -340,8 +315,10 @@ claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 		have_lock = false;		/* every way out of this iteration unlocks */
 		found = idem_store_fetch(store, key, rec);
 		now = GetCurrentTimestamp();
+		if (found)
+			state = idem_record_state(rec, now);
 
-		if (found && record_is_live(rec, now))
+		if (found && idem_state_is_live(state))
 		{
 			check_fingerprint(key, rec, fingerprint);
 
@@ -406,7 +383,7 @@ claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 			continue;
 		}
 
-		if (found && record_is_remembered(rec, now))
+		if (found && state == IDEM_STATE_REMEMBERED)
 		{
 			check_fingerprint(key, rec, fingerprint);
 			raise_response_expired(key, rec);
@@ -876,21 +853,6 @@ idem_checkpoint_tenant(PG_FUNCTION_ARGS)
 /* ---- idem_forget ---- */
 
 /*
- * A record's state as idem_begin would take it: "pending", "lapsed" (the
- * next claim takes it over: its lease is over, or its session has ended),
- * "completed", "remembered" or "expired"
- */
-const char *
-idem_record_state(const IdemRecord *rec, TimestampTz now)
-{
-	if (IdemRecordIsPending(rec))
-		return record_is_live(rec, now) ? "pending" : "lapsed";
-	if (rec->expires_at > now)
-		return "completed";
-	return record_is_remembered(rec, now) ? "remembered" : "expired";
-}
-
-/*
  * idem_forget([tenant,] operation, key, role, force): delete one role's record of a
  * key on purpose -- a support team's way out of a stored response that is
  * wrong.  The next idem_begin of the key gets 'new', with a token greater
@@ -908,6 +870,7 @@ forget_call(FunctionCallInfo fcinfo, bool tenant)
 	IdemStore	store;
 	IdemRecord	rec;
 	const char *state = NULL;
+	IdemState	current;
 	bool		force;
 
 	a = tenant ? 3 : 2;			/* role, force: after the key */
@@ -933,8 +896,9 @@ forget_call(FunctionCallInfo fcinfo, bool tenant)
 					 errmsg("idempotency key \"%s\" is being written by another transaction",
 							text_to_cstring(key.key)),
 					 errhint("Forget it once that transaction has ended.")));
-		state = idem_record_state(&rec, now);
-		if (strcmp(state, "pending") == 0 && !force)
+		current = idem_record_state(&rec, now);
+		state = idem_state_name(current);
+		if (current == IDEM_STATE_PENDING && !force)
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEMPOTENCY_IN_PROGRESS),
 					 errmsg("idempotency key \"%s\" is held by a live attempt",

@@ -13,6 +13,8 @@
  *	  store.c        opening and closing the tables, and the one definition
  *	                 of the durability mode
  *	  read.c         reading records
+ *	  state.c        a record's state: the one definition every view,
+ *	                 function and claim decision uses
  *	  write.c        writing records, and every move between the tables
  *	  tokens.c       fencing tokens: epochs and counts
  *	  locks.c        the key lock, waiting for an attempt, waking waiters,

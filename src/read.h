@@ -22,9 +22,8 @@ extern bool idem_store_fetch(IdemStore *store, const IdemKey *key,
 							 IdemRecord *rec);
 extern bool idem_store_fetch_claim(IdemStore *store, const IdemKey *key,
 								   int64 token, IdemRecord *rec);
-typedef void (*IdemRecordCallback) (void *arg, text *operation, bool pending,
-									TimestampTz expires_at,
-									TimestampTz forget_at);
+typedef void (*IdemRecordCallback) (void *arg, text *operation,
+									const IdemRecord *rec);
 extern void idem_store_scan_role(IdemStore *store, Oid role,
 								 IdemRecordCallback fn, void *arg);
 
