@@ -6,8 +6,13 @@
  * The extension is split by concern, each file owning one thing:
  *	  idempotency.c  the module's entry point: each part's init
  *	  args.c         the settings, and the arguments of the idem_* functions
- *	  claim.c        the claim logic: idem_begin / idem_finish / idem_abort /
- *	                 idem_renew / idem_checkpoint
+ *	  claim.c        idem_begin: look at the key's record, act on the decision
+ *	  decide.c       what idem_begin does with a record: claim, replay,
+ *	                 wait or refuse (nothing there reads, writes or sleeps)
+ *	  wait.c         idem_begin's waits for another attempt
+ *	  reply.c        idem_begin's row, and the errors that refuse a request
+ *	  finish.c       idem_finish / idem_abort / idem_renew / idem_checkpoint
+ *	  forget.c       idem_forget
  *	  catalog.c      the extension's objects, and their cache
  *	  shape.c        the record tables' shape
  *	  store.c        opening and closing the tables, and the one definition

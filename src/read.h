@@ -10,6 +10,8 @@
 
 #include "store.h"
 
+extern Datum idem_store_role_datum(IdemStore *store, int t, Oid role);
+extern bool idem_store_role_equal(IdemStore *store, int t, Datum value, Oid role);
 extern Datum idem_store_required_column(IdemStore *store, int t, TupleTableSlot *slot,
 										IdemColumn c);
 extern bool idem_store_fetch_in(IdemStore *store, int table, const IdemKey *key,
