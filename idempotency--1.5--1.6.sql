@@ -82,3 +82,38 @@ SELECT a.rolname AS role, g.operation, g.state, g.records, g.oldest_age
 
 REVOKE ALL ON @extschema@.idem_monitor FROM PUBLIC;
 GRANT SELECT ON @extschema@.idem_monitor TO pg_monitor;
+
+/* ---- each SQL definition binds the C symbol of its own version ---- */
+
+/*
+ * idem_counters binds idem_counters_1_5, the symbol of the definition with
+ * forgotten (the symbol idem_counters keeps serving the older ones).  The
+ * function and the view over it are dropped and created again, with their
+ * privileges.
+ */
+DROP VIEW @extschema@.idem_stats_counters;
+DROP FUNCTION @extschema@.idem_counters();
+CREATE FUNCTION @extschema@.idem_counters(
+	OUT claims				pg_catalog.int8,
+	OUT replays				pg_catalog.int8,
+	OUT waits				pg_catalog.int8,
+	OUT wait_time_ms		pg_catalog.float8,
+	OUT in_progress_refusals pg_catalog.int8,
+	OUT key_reuse_refusals	pg_catalog.int8,
+	OUT takeovers			pg_catalog.int8,
+	OUT fencing_refusals	pg_catalog.int8,
+	OUT aborts				pg_catalog.int8,
+	OUT purged				pg_catalog.int8,
+	OUT recoveries			pg_catalog.int8,
+	OUT expired_refusals	pg_catalog.int8,
+	OUT forgotten			pg_catalog.int8,
+	OUT stats_reset			pg_catalog.timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_counters_1_5'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
+CREATE VIEW @extschema@.idem_stats_counters AS
+	SELECT * FROM @extschema@.idem_counters();
+
+GRANT EXECUTE ON FUNCTION @extschema@.idem_counters() TO PUBLIC;
+GRANT SELECT ON @extschema@.idem_stats_counters TO PUBLIC;
