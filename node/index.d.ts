@@ -55,7 +55,7 @@ export interface StoredResponse {
 }
 
 export interface InspectRow {
-  state: 'pending' | 'lapsed' | 'completed' | 'remembered' | 'expired';
+  state: 'pending' | 'lapsed' | 'completed' | 'remembered' | 'expired' | 'unknown';
   token: string;
   fingerprint: string | null;
   created_at: Date;

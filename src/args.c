@@ -22,6 +22,7 @@
 
 #include <limits.h>
 
+#include "access/xact.h"
 #include "common/hashfn.h"
 #include "common/int.h"
 #include "fmgr.h"
@@ -36,6 +37,7 @@
 
 #include "args.h"
 #include "idempotency.h"
+#include "pg_compat.h"
 
 /* The settings: defaults of the idem_* functions' arguments */
 static int	idem_in_flight = IDEM_IN_FLIGHT_WAIT;
@@ -355,14 +357,30 @@ idem_response_arg(FunctionCallInfo fcinfo, int argno, const char *name)
  * called an idem_* function yet) is a placeholder that PostgreSQL checks only
  * when the library defines the setting, and an invalid one then becomes a
  * WARNING and the default.  Running with another policy than the one asked
- * for is worse than failing: such a value is remembered, and every call
- * fails with 22023 until the setting is assigned again (SET or RESET).
+ * for is worse than failing: while such a value would be in effect, every
+ * call fails with 22023.  It stops being in effect when the setting is
+ * assigned again (SET or RESET), or when what gave it ends: a SET LOCAL or
+ * a function's SET clause with its transaction or function, a SET made in
+ * a transaction (or a savepoint) that rolls back with the rollback.
+ * PostgreSQL keeps no trace of a rejected value, so that scope is taken
+ * from the placeholder's own stack of values when the library loads, and
+ * followed here.
  */
+typedef enum InvalidScope
+{
+	SCOPE_SESSION,				/* until assigned again */
+	SCOPE_SET,					/* a SET: undone by a rollback of its level */
+	SCOPE_LOCAL,				/* a SET LOCAL: ends with its transaction */
+	SCOPE_FUNCTION				/* a function's SET clause: ends with the call */
+} InvalidScope;
+
 typedef struct CheckedSetting
 {
 	const char *name;
 	char	   *placeholder;	/* its value before the library was loaded */
-	char	   *invalid_value;	/* that value, if invalid */
+	InvalidScope scope;			/* where that value came from */
+	int			level;			/* ... the nesting level that gave it */
+	char	   *invalid_value;	/* that value, while invalid and in effect */
 } CheckedSetting;
 
 enum
@@ -397,7 +415,10 @@ static void
 forget_placeholder(int i)
 {
 	if (!defining)
+	{
 		checked[i].invalid_value = NULL;
+		checked[i].scope = SCOPE_SESSION;
+	}
 }
 
 static void
@@ -436,32 +457,117 @@ assign_remember(int newval, void *extra)
 	forget_placeholder(CHECKED_REMEMBER);
 }
 
+/* The GUC nesting level now (PostgreSQL has no call that reads it) */
+static int
+current_guc_level(void)
+{
+	int			level = NewGUCNestLevel();
+
+	AtEOXact_GUC(true, level);
+	return level - 1;
+}
+
 void
 idem_check_settings(void)
 {
 	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
-		if (checked[i].invalid_value != NULL)
+	{
+		CheckedSetting *c = &checked[i];
+
+		if (c->invalid_value != NULL && c->scope == SCOPE_FUNCTION &&
+			current_guc_level() < c->level)
+			c->invalid_value = NULL;	/* the function has returned */
+		if (c->invalid_value != NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("invalid value for parameter \"%s\": \"%s\"",
-							checked[i].name, checked[i].invalid_value),
+							c->name, c->invalid_value),
 					 errdetail("The value was given before the idempotency library was loaded, so it could not be checked when it was given."),
 					 errhint("Set a valid value or RESET the parameter. Load the library with session_preload_libraries so that values are checked when they are set.")));
+	}
 }
 
 /*
- * Before the settings are defined: the placeholders' values.  PostgreSQL
- * applies each when it defines the setting, or warns and keeps the default.
+ * The end of a transaction: a value given in it is undone by a rollback,
+ * and ends at a commit unless a plain SET gave it.
+ */
+static void
+settings_xact_callback(XactEvent event, void *arg)
+{
+	bool		commit = (event == XACT_EVENT_COMMIT ||
+						  event == XACT_EVENT_PARALLEL_COMMIT ||
+						  event == XACT_EVENT_PREPARE);
+
+	if (!commit && event != XACT_EVENT_ABORT && event != XACT_EVENT_PARALLEL_ABORT)
+		return;
+	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
+	{
+		CheckedSetting *c = &checked[i];
+
+		if (c->scope == SCOPE_SESSION)
+			continue;
+		if (commit && c->scope == SCOPE_SET)
+			c->scope = SCOPE_SESSION;	/* it stays, as the session's value */
+		else
+			c->invalid_value = NULL;
+		if (c->invalid_value == NULL)
+			c->scope = SCOPE_SESSION;
+	}
+}
+
+/*
+ * The end of a savepoint's level: a rollback undoes what it gave; a
+ * release hands it to the level around.
+ */
+static void
+settings_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+						  SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
+		return;
+	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
+	{
+		CheckedSetting *c = &checked[i];
+
+		if (c->scope == SCOPE_SESSION || c->level < level)
+			continue;
+		if (event == SUBXACT_EVENT_ABORT_SUB)
+		{
+			c->invalid_value = NULL;
+			c->scope = SCOPE_SESSION;
+		}
+		else
+			c->level = level - 1;
+	}
+}
+
+/*
+ * Before the settings are defined: the placeholders' values, and which
+ * action gave each (the top of its stack; none: the session's own value).
+ * PostgreSQL applies each when it defines the setting, or warns and keeps
+ * the default.
  */
 static void
 remember_placeholders(void)
 {
 	for (int i = 0; i < NUM_CHECKED_SETTINGS; i++)
 	{
-		const char *value = GetConfigOption(checked[i].name, true, false);
+		CheckedSetting *c = &checked[i];
+		const char *value = GetConfigOption(c->name, true, false);
+		struct config_generic *gconf = idem_find_setting(c->name);
+		GucStack   *top = gconf != NULL ? gconf->stack : NULL;
 
-		if (value != NULL)
-			checked[i].placeholder = MemoryContextStrdup(TopMemoryContext, value);
+		c->scope = SCOPE_SESSION;
+		if (value == NULL)
+			continue;
+		c->placeholder = MemoryContextStrdup(TopMemoryContext, value);
+		if (top == NULL)
+			continue;
+		c->level = top->nest_level;
+		c->scope = top->state == GUC_SAVE ? SCOPE_FUNCTION :
+			top->state == GUC_SET ? SCOPE_SET : SCOPE_LOCAL;
 	}
 }
 
@@ -482,6 +588,8 @@ check_placeholders(void)
 							  GUC_ACTION_SET, false, DEBUG1, false) == 0)
 			checked[i].invalid_value = value;
 	}
+	RegisterXactCallback(settings_xact_callback, NULL);
+	RegisterSubXactCallback(settings_subxact_callback, NULL);
 }
 
 static const struct config_enum_entry in_flight_options[] = {

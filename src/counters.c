@@ -31,6 +31,7 @@
 #include "idempotency.h"
 
 PG_FUNCTION_INFO_V1(idem_counters);
+PG_FUNCTION_INFO_V1(idem_counters_1_5);
 PG_FUNCTION_INFO_V1(idem_monitor_counters);
 PG_FUNCTION_INFO_V1(idem_stats_reset);
 
@@ -66,10 +67,15 @@ StaticAssertDecl(lengthof(counter_defs) == IDEM_NUM_COUNTERS,
 				 "every IdemCounter needs its line in counter_defs");
 
 /*
- * idem_counters() as the oldest SQL declares it has these columns, in
- * this order, then stats_reset; as newer SQL declares it, the counters in
- * IdemCounter's order (all of them, or those before forgotten), then
- * stats_reset.
+ * The columns of each SQL definition of idem_counters(): some counters,
+ * then stats_reset.  The definitions before 1.5 bind the symbol
+ * idem_counters, which tells them apart by their number of columns: the
+ * oldest has the counters of counters_v11, in this order, the next the
+ * counters in IdemCounter's order up to forgotten, not included.  The 1.5
+ * definition binds idem_counters_1_5: the counters up to forgotten,
+ * included.  A counter added later shows in idem_monitor_counters(), and
+ * in idem_counters() once a definition of it with the column binds a
+ * symbol of its own.
  */
 static const IdemCounter counters_v11[] = {
 	IDEM_COUNT_CLAIMS, IDEM_COUNT_REPLAYS, IDEM_COUNT_WAITS,
@@ -78,10 +84,9 @@ static const IdemCounter counters_v11[] = {
 	IDEM_COUNT_PURGED
 };
 
-#define COUNTERS_COLS	(IDEM_NUM_COUNTERS + 1)
 #define COUNTERS_COLS_1_1	(lengthof(counters_v11) + 1)
-/* the SQL without forgotten: the counters before it */
 #define COUNTERS_COLS_1_4	(IDEM_COUNT_FORGOTTEN + 1)
+#define COUNTERS_COLS_1_5	(IDEM_COUNT_FORGOTTEN + 2)
 
 /* idem_monitor_counters(): counter, value */
 #define MONITOR_COUNTERS_COLS	2
@@ -159,26 +164,26 @@ require_counters(void)
 }
 
 /*
- * idem_counters(): one row of cumulative counters since the last
- * reset, for the whole server.
+ * idem_counters(): one row of cumulative counters since the last reset,
+ * for the whole server, in a definition of ncols columns; the counter of
+ * column i is columns[i], or i when columns is NULL
  */
-Datum
-idem_counters(PG_FUNCTION_ARGS)
+static Datum
+counters_row(FunctionCallInfo fcinfo, const IdemCounter *columns, int ncols)
 {
 	TupleDesc	tupdesc;
-	Datum		values[COUNTERS_COLS];
-	bool		nulls[COUNTERS_COLS] = {0};
+	Datum		values[IDEM_NUM_COUNTERS + 1];
+	bool		nulls[IDEM_NUM_COUNTERS + 1] = {0};
 
 	require_counters();
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "idempotency: return type must be a row type");
-	if (tupdesc->natts != COUNTERS_COLS && tupdesc->natts != COUNTERS_COLS_1_4 &&
-		tupdesc->natts != COUNTERS_COLS_1_1)
-		elog(ERROR, "idempotency: idem_counters() must return %d columns", (int) COUNTERS_COLS);
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE ||
+		tupdesc->natts != ncols)
+		elog(ERROR, "idem_counters() must return %d columns", ncols);
+	Assert(ncols <= IDEM_NUM_COUNTERS + 1);
 
-	for (int i = 0; i < tupdesc->natts - 1; i++)
+	for (int i = 0; i < ncols - 1; i++)
 	{
-		IdemCounter c = tupdesc->natts == COUNTERS_COLS_1_1 ? counters_v11[i] : (IdemCounter) i;
+		IdemCounter c = columns != NULL ? columns[i] : (IdemCounter) i;
 		uint64		v = pg_atomic_read_u64(&counters->value[c]);
 
 		if (c == IDEM_COUNT_WAIT_TIME)
@@ -186,11 +191,33 @@ idem_counters(PG_FUNCTION_ARGS)
 		else
 			values[i] = Int64GetDatum((int64) v);
 	}
-	values[tupdesc->natts - 1] =
+	values[ncols - 1] =
 		TimestampTzGetDatum((TimestampTz) pg_atomic_read_u64(&counters->reset_at));
 
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(tupdesc),
 													  values, nulls)));
+}
+
+/* The definitions before 1.5, and 1.5's until it is updated */
+Datum
+idem_counters(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	if (tupdesc->natts == COUNTERS_COLS_1_1)
+		return counters_row(fcinfo, counters_v11, COUNTERS_COLS_1_1);
+	if (tupdesc->natts == COUNTERS_COLS_1_4)
+		return counters_row(fcinfo, NULL, COUNTERS_COLS_1_4);
+	return counters_row(fcinfo, NULL, COUNTERS_COLS_1_5);
+}
+
+/* The definition with forgotten */
+Datum
+idem_counters_1_5(PG_FUNCTION_ARGS)
+{
+	return counters_row(fcinfo, NULL, COUNTERS_COLS_1_5);
 }
 
 /*

@@ -6,13 +6,20 @@
  * The extension is split by concern, each file owning one thing:
  *	  idempotency.c  the module's entry point: each part's init
  *	  args.c         the settings, and the arguments of the idem_* functions
- *	  claim.c        the claim logic: idem_begin / idem_finish / idem_abort /
- *	                 idem_renew / idem_checkpoint
+ *	  claim.c        idem_begin: look at the key's record, act on the decision
+ *	  decide.c       what idem_begin does with a record: claim, replay,
+ *	                 wait or refuse (nothing there reads, writes or sleeps)
+ *	  wait.c         idem_begin's waits for another attempt
+ *	  reply.c        idem_begin's row, and the errors that refuse a request
+ *	  finish.c       idem_finish / idem_abort / idem_renew / idem_checkpoint
+ *	  forget.c       idem_forget
  *	  catalog.c      the extension's objects, and their cache
  *	  shape.c        the record tables' shape
  *	  store.c        opening and closing the tables, and the one definition
  *	                 of the durability mode
  *	  read.c         reading records
+ *	  state.c        a record's state: the one definition every view,
+ *	                 function and claim decision uses
  *	  write.c        writing records, and every move between the tables
  *	  tokens.c       fencing tokens: epochs and counts
  *	  locks.c        the key lock, waiting for an attempt, waking waiters,

@@ -106,4 +106,25 @@ idem_init_range_table(EState *estate, RangeTblEntry *rte)
 #define idem_relfilenumber(rel) ((rel)->rd_node.relNode)
 #endif
 
+/*
+ * A setting's entry, a placeholder's too (NULL: none).  PostgreSQL 16
+ * exports find_option(); 15 has only the array of them all.
+ */
+#include "utils/guc_tables.h"
+#if PG_VERSION_NUM >= 160000
+#define idem_find_setting(name)	find_option((name), false, true, DEBUG1)
+#else
+static inline struct config_generic *
+idem_find_setting(const char *name)
+{
+	struct config_generic **vars = get_guc_variables();
+	int			n = GetNumConfigOptions();
+
+	for (int i = 0; i < n; i++)
+		if (pg_strcasecmp(vars[i]->name, name) == 0)
+			return vars[i];
+	return NULL;
+}
+#endif
+
 #endif							/* IDEM_PG_COMPAT_H */

@@ -418,11 +418,38 @@ record_cmp(IdemStore *store, RoleScan *a, RoleScan *b)
 }
 
 /*
+ * What a record's state needs (idem_record_state), from a version the
+ * active snapshot sees: committed, or written by our transaction
+ */
+static void
+record_times_from_slot(IdemStore *store, int t, TupleTableSlot *slot,
+					   IdemRecord *rec)
+{
+	bool		isnull;
+	Datum		d;
+	HeapTuple	tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
+
+	memset(rec, 0, sizeof(*rec));
+	rec->table = t;
+	rec->busy_xid = InvalidTransactionId;
+	rec->mine = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
+	d = idem_store_column(store, t, slot, IDEM_COL_COMPLETED_AT, &isnull);
+	rec->completed_at = isnull ? 0 : DatumGetTimestampTz(d);
+	rec->expires_at = DatumGetTimestampTz(idem_store_required_column(store, t, slot, IDEM_COL_EXPIRES_AT));
+	d = idem_store_column(store, t, slot, IDEM_COL_FORGET_AT, &isnull);
+	rec->forget_at = isnull ? 0 : DatumGetTimestampTz(d);
+	d = idem_store_column(store, t, slot, IDEM_COL_HOLDER, &isnull);
+	rec->holder = isnull ? 0 : DatumGetInt64(d);
+}
+
+/*
  * Call fn for every committed record of one role, in (operation, key)
  * order, as the active snapshot sees them: the two tables' primary keys
  * are read side by side and merged.  fn gets each record's operation,
- * whether it is pending, expires_at and forget_at (0: none).  For
- * statistics: nothing here waits or locks, and responses are not read.
+ * and the record with what its state needs (idem_record_state):
+ * completed_at, expires_at, forget_at, holder and whether our transaction
+ * wrote it.  For statistics: nothing here waits or locks, and responses
+ * are not read.
  */
 void
 idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *arg)
@@ -449,10 +476,7 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 	for (;;)
 	{
 		RoleScan   *next = NULL;
-		bool		pending;
-		bool		isnull;
-		TimestampTz expires_at;
-		Datum		forget_at;
+		IdemRecord	rec;
 		text	   *operation;
 
 		for (int t = 0; t < store->ntables; t++)
@@ -463,11 +487,8 @@ idem_store_scan_role(IdemStore *store, Oid role, IdemRecordCallback fn, void *ar
 			break;
 
 		operation = DatumGetTextPP(idem_store_required_column(store, next->table, next->slot, IDEM_COL_OPERATION));
-		(void) idem_store_column(store, next->table, next->slot, IDEM_COL_COMPLETED_AT, &pending);
-		expires_at = DatumGetTimestampTz(idem_store_required_column(store, next->table, next->slot, IDEM_COL_EXPIRES_AT));
-		forget_at = idem_store_column(store, next->table, next->slot, IDEM_COL_FORGET_AT, &isnull);
-		fn(arg, operation, pending, expires_at,
-		   isnull ? 0 : DatumGetTimestampTz(forget_at));
+		record_times_from_slot(store, next->table, next->slot, &rec);
+		fn(arg, operation, &rec);
 		role_scan_next(next);
 	}
 

@@ -141,45 +141,63 @@ shape_error(Relation rel, const char *detail)
 }
 
 /*
- * Find our columns in the table and check everything the code relies on:
- * a plain table, each column of the right type, any other column fillable
- * (nullable, or with a default), and a primary key on (role_id,
- * operation, key) with the C collation, which is what fetch_in's scan keys
- * describe.  Anything else is an error naming the table, never a write of
- * the wrong shape.
+ * The tenant of colocated records: a column "tenant" that is the last of
+ * the primary key's four
+ */
+static bool
+take_tenant(Relation pkey, Form_pg_attribute att, IdemShape *shape)
+{
+	if (strcmp(NameStr(att->attname), "tenant") != 0 ||
+		IndexRelationGetNumberOfKeyAttributes(pkey) != 4 ||
+		pkey->rd_index->indkey.values[3] != att->attnum)
+		return false;
+	shape->tenant = att->attnum;
+	shape->tenant_type = att->atttypid;
+	shape->tenant_collation = att->attcollation;
+	shape->tenant_typlen = att->attlen;
+	shape->tenant_byval = att->attbyval;
+	return true;
+}
+
+/* Our column c, at att: of its type, and where it is */
+static void
+take_column(Relation heap, Form_pg_attribute att, int c, IdemShape *shape)
+{
+	if (att->atttypid != columns[c].type && att->atttypid != columns[c].old_type &&
+		(columns[c].name_type == InvalidOid || att->atttypid != columns[c].name_type))
+		shape_error(heap, psprintf("Column \"%s\" has type %s, not %s.",
+								   NameStr(att->attname),
+								   format_type_be(att->atttypid),
+								   format_type_be(columns[c].type)));
+	shape->attnum[c] = att->attnum;
+	if (c == IDEM_COL_ROLE_ID && att->atttypid == NAMEOID)
+	{
+		if (att->attcollation != C_COLLATION_OID)
+			shape_error(heap, "Column \"role_id\" is a name without collation \"C\".");
+		shape->role_by_name = true;
+	}
+	if (att->attnum != c + 1)
+		shape->exact = false;
+}
+
+/*
+ * Every column: each of ours there, with its type (the base ones always,
+ * the claim columns all or none), and a write able to fill the DBA's
  */
 static void
-check_shape(Relation heap, Relation pkey, IdemShape *shape)
+check_columns(Relation heap, Relation pkey, IdemShape *shape)
 {
 	TupleDesc	desc = RelationGetDescr(heap);
 	int			ours = 0;
-	int			new_columns = 0;
-
-	memset(shape, 0, sizeof(*shape));
-	shape->exact = true;
-	if (heap->rd_rel->relkind != RELKIND_RELATION)
-		shape_error(heap, "It is not a plain table.");
+	int			claim_columns = 0;
 
 	for (int i = 0; i < desc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
 		int			c;
 
-		if (att->attisdropped)
+		if (att->attisdropped || take_tenant(pkey, att, shape))
 		{
-			shape->exact = false;
-			continue;
-		}
-		/* the tenant of colocated records: the last column of the key */
-		if (strcmp(NameStr(att->attname), "tenant") == 0 &&
-			IndexRelationGetNumberOfKeyAttributes(pkey) == 4 &&
-			pkey->rd_index->indkey.values[3] == att->attnum)
-		{
-			shape->tenant = att->attnum;
-			shape->tenant_type = att->atttypid;
-			shape->tenant_collation = att->attcollation;
-			shape->tenant_typlen = att->attlen;
-			shape->tenant_byval = att->attbyval;
 			shape->exact = false;
 			continue;
 		}
@@ -196,35 +214,25 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 										   NameStr(att->attname)));
 			continue;
 		}
-		if (att->atttypid != columns[c].type && att->atttypid != columns[c].old_type &&
-			(columns[c].name_type == InvalidOid || att->atttypid != columns[c].name_type))
-			shape_error(heap, psprintf("Column \"%s\" has type %s, not %s.",
-									   NameStr(att->attname),
-									   format_type_be(att->atttypid),
-									   format_type_be(columns[c].type)));
-		shape->attnum[c] = att->attnum;
-		if (c == IDEM_COL_ROLE_ID && att->atttypid == NAMEOID)
-		{
-			if (att->attcollation != C_COLLATION_OID)
-				shape_error(heap, "Column \"role_id\" is a name without collation \"C\".");
-			shape->role_by_name = true;
-		}
-		if (att->attnum != c + 1)
-			shape->exact = false;
+		take_column(heap, att, c, shape);
 		ours++;
-		if (c >= IDEM_NUM_COLUMNS_1_0)
-			new_columns++;
+		if (c >= IDEM_NUM_BASE_COLUMNS)
+			claim_columns++;
 	}
-	for (int c = 0; c < IDEM_NUM_COLUMNS_1_0; c++)
+	for (int c = 0; c < IDEM_NUM_BASE_COLUMNS; c++)
 		if (shape->attnum[c] == InvalidAttrNumber)
 			shape_error(heap, psprintf("Column \"%s\" is missing.", columns[c].name));
-	if (new_columns != 0 && new_columns != IDEM_NUM_COLUMNS - IDEM_NUM_COLUMNS_1_0)
+	if (claim_columns != 0 && claim_columns != IDEM_NUM_COLUMNS - IDEM_NUM_BASE_COLUMNS)
 		shape_error(heap, "Some of the columns holder, checkpoint, takeovers and forget_at are missing.");
-	shape->has_1_4 = (new_columns != 0);
+	shape->has_claim_columns = (claim_columns != 0);
 	if (ours != desc->natts)
 		shape->exact = false;
+}
 
-	/* the primary key fetch_in descends */
+/* The primary key fetch_in descends, on (role_id, operation, key [, tenant]) */
+static void
+check_pkey(Relation heap, Relation pkey, IdemShape *shape)
+{
 	if (pkey->rd_rel->relam != BTREE_AM_OID ||
 		IndexRelationGetNumberOfKeyAttributes(pkey) != (shape->tenant ? 4 : 3) ||
 		pkey->rd_index->indkey.values[0] != shape->attnum[IDEM_COL_ROLE_ID] ||
@@ -245,6 +253,25 @@ check_shape(Relation heap, Relation pkey, IdemShape *shape)
 		shape->tenant_eq = get_opcode(eq);
 	}
 	shape->pkey = RelationGetRelid(pkey);
+}
+
+/*
+ * Find our columns in the table and check everything the code relies on:
+ * a plain table, each column of the right type, any other column fillable
+ * (nullable, or with a default), and a primary key on (role_id,
+ * operation, key) with the C collation, which is what fetch_in's scan keys
+ * describe.  Anything else is an error naming the table, never a write of
+ * the wrong shape.
+ */
+static void
+check_shape(Relation heap, Relation pkey, IdemShape *shape)
+{
+	memset(shape, 0, sizeof(*shape));
+	shape->exact = true;
+	if (heap->rd_rel->relkind != RELKIND_RELATION)
+		shape_error(heap, "It is not a plain table.");
+	check_columns(heap, pkey, shape);
+	check_pkey(heap, pkey, shape);
 }
 
 /*

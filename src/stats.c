@@ -5,7 +5,7 @@
  *	  calling role) and idem_stats (its records per operation).  The
  *	  server-wide counters are in counters.c.  Every role's records, for a
  *	  monitoring role, are counted by the view idem_monitor, in SQL, by
- *	  the same states.
+ *	  the same states: all three name them by idem_record_state (state.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -20,71 +20,72 @@
 #include "utils/timestamp.h"
 
 #include "args.h"
-#include "claim.h"
 #include "idempotency.h"
 #include "read.h"
+#include "state.h"
 #include "store.h"
 
 PG_FUNCTION_INFO_V1(idem_inspect);
 PG_FUNCTION_INFO_V1(idem_inspect_tenant);
 PG_FUNCTION_INFO_V1(idem_stats_records);
+PG_FUNCTION_INFO_V1(idem_stats_records_1_6);
 
 /*
- * Columns of idem_stats_records() and of idem_inspect(), as the SQL of each
- * schema declares them: idem_inspect has 9 or 12 (checkpoint, takeovers
- * and remembered_until last), idem_stats_records 5 or 6 (remembered last).
+ * Columns of idem_inspect(), as the SQL of each schema declares them: 9,
+ * or 12 with checkpoint, takeovers and remembered_until last.
  */
-#define STATS_COLS_1_1	5
-#define STATS_COLS		6
 #define INSPECT_COLS_1_1	9
 #define INSPECT_COLS	12
 
 /* ---- idem_stats: the calling role's records, per operation ---- */
 
-/* The states idem_stats counts, in the order of its columns */
-typedef enum StatsCount
-{
-	STATS_PENDING,
-	STATS_LAPSED,
-	STATS_COMPLETED,
-	STATS_EXPIRED,
-	STATS_REMEMBERED,
-	STATS_NUM_COUNTS
-} StatsCount;
+/*
+ * The columns of idem_stats_records(): the operation, then a count per
+ * state in IdemState's order.  Its SQL definitions: the one bound to
+ * idem_stats_records_1_6 has them all; the older ones, bound to
+ * idem_stats_records, lack 'unknown' (STATS_COLS_WITH_REMEMBERED) or both
+ * it and 'remembered' (STATS_COLS_PLAIN).
+ */
+#define STATS_COLS			(1 + IDEM_NUM_STATES)
+#define STATS_COLS_WITH_REMEMBERED	(STATS_COLS - 1)
+#define STATS_COLS_PLAIN	(STATS_COLS - 2)
 
 /* One operation's counts */
 typedef struct StatsGroup
 {
 	text	   *operation;
-	int64		counts[STATS_NUM_COUNTS];
+	int64		counts[IDEM_NUM_STATES];
 } StatsGroup;
 
 typedef struct StatsState
 {
-	Tuplestorestate *store;
-	TupleDesc	tupdesc;
 	TimestampTz now;
 	List	   *groups;			/* of StatsGroup, in the order first seen */
 	StatsGroup *group;			/* the group being counted, or NULL */
 } StatsState;
 
+/*
+ * One operation's row, in a definition of natts columns: a definition
+ * without 'unknown' counts those claims as pending, as the primary most
+ * likely does; one without 'remembered' counts those records as expired.
+ */
 static void
-emit_group(StatsState *st, StatsGroup *g)
+emit_group(Tuplestorestate *store, TupleDesc tupdesc, StatsGroup *g)
 {
 	Datum		values[STATS_COLS];
 	bool		nulls[STATS_COLS] = {0};
-	int			natts = st->tupdesc->natts;
+	int64		counts[IDEM_NUM_STATES];
+	int			natts = tupdesc->natts;
 
-	if (natts != STATS_COLS && natts != STATS_COLS_1_1)
-		elog(ERROR, "idempotency: idem_stats_records() must return %d columns", STATS_COLS);
+	memcpy(counts, g->counts, sizeof(counts));
+	if (natts < STATS_COLS)
+		counts[IDEM_STATE_PENDING] += counts[IDEM_STATE_UNKNOWN];
+	if (natts < STATS_COLS_WITH_REMEMBERED)
+		counts[IDEM_STATE_EXPIRED] += counts[IDEM_STATE_REMEMBERED];
 	values[0] = PointerGetDatum(g->operation);
-	for (int i = 0; i < natts - 1; i++)
-		values[i + 1] = Int64GetDatum(g->counts[i]);
-	/* the definition without remembered counts them as expired */
-	if (natts == STATS_COLS_1_1)
-		values[1 + STATS_EXPIRED] =
-			Int64GetDatum(g->counts[STATS_EXPIRED] + g->counts[STATS_REMEMBERED]);
-	tuplestore_putvalues(st->store, st->tupdesc, values, nulls);
+	for (int i = 1; i < natts; i++)
+		values[i] = Int64GetDatum(counts[i - 1]);
+	tuplestore_putvalues(store, tupdesc, values, nulls);
 }
 
 static bool
@@ -94,18 +95,11 @@ same_text(const text *a, const text *b)
 		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b)) == 0;
 }
 
-/*
- * A record's state, as idem_inspect names it: a completed record past its
- * retention is remembered until forget_at, then expired (README, "When a
- * worker dies")
- */
+/* Count one record in its operation's group, by idem_record_state */
 static void
-count_record(void *arg, text *operation, bool pending, TimestampTz expires_at,
-			 TimestampTz forget_at)
+count_record(void *arg, text *operation, const IdemRecord *rec)
 {
 	StatsState *st = (StatsState *) arg;
-	bool		expired = expires_at <= st->now;
-	StatsCount	state;
 
 	/*
 	 * Records arrive in operation order, table by table (shard by shard on
@@ -127,17 +121,12 @@ count_record(void *arg, text *operation, bool pending, TimestampTz expires_at,
 			st->groups = lappend(st->groups, st->group);
 		}
 	}
-	if (pending)
-		state = expired ? STATS_LAPSED : STATS_PENDING;
-	else if (!expired)
-		state = STATS_COMPLETED;
-	else
-		state = forget_at > st->now ? STATS_REMEMBERED : STATS_EXPIRED;
-	st->group->counts[state]++;
+	st->group->counts[idem_record_state(rec, st->now)]++;
 }
 
-Datum
-idem_stats_records(PG_FUNCTION_ARGS)
+/* idem_stats_records() in a definition of ncols columns */
+static void
+stats_records(FunctionCallInfo fcinfo, int ncols)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	IdemStore	store;
@@ -145,9 +134,9 @@ idem_stats_records(PG_FUNCTION_ARGS)
 	ListCell   *lc;
 
 	InitMaterializedSRF(fcinfo, 0);
+	if (rsinfo->setDesc->natts != ncols)
+		elog(ERROR, "idem_stats_records() must return %d columns", ncols);
 	memset(&st, 0, sizeof(st));
-	st.store = rsinfo->setResult;
-	st.tupdesc = rsinfo->setDesc;
 	st.now = GetCurrentTimestamp();
 
 	foreach(lc, idem_store_parts(fcinfo->flinfo->fn_oid, true))
@@ -159,8 +148,32 @@ idem_stats_records(PG_FUNCTION_ARGS)
 		idem_store_close(&store, false);
 	}
 	foreach(lc, st.groups)
-		emit_group(&st, (StatsGroup *) lfirst(lc));
+		emit_group(rsinfo->setResult, rsinfo->setDesc, (StatsGroup *) lfirst(lc));
+}
 
+/*
+ * The definitions before 'unknown': with 'remembered' or without, as the
+ * result says (the one entry point they bind)
+ */
+Datum
+idem_stats_records(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE ||
+		(tupdesc->natts != STATS_COLS_PLAIN &&
+		 tupdesc->natts != STATS_COLS_WITH_REMEMBERED))
+		elog(ERROR, "idem_stats_records() must return %d or %d columns",
+			 STATS_COLS_PLAIN, STATS_COLS_WITH_REMEMBERED);
+	stats_records(fcinfo, tupdesc->natts);
+	return (Datum) 0;
+}
+
+/* Every state, 'unknown' last */
+Datum
+idem_stats_records_1_6(PG_FUNCTION_ARGS)
+{
+	stats_records(fcinfo, STATS_COLS);
 	return (Datum) 0;
 }
 
@@ -193,7 +206,7 @@ inspect_call(FunctionCallInfo fcinfo, bool tenant)
 		if (rsinfo->setDesc->natts != INSPECT_COLS &&
 			rsinfo->setDesc->natts != INSPECT_COLS_1_1)
 			elog(ERROR, "idempotency: idem_inspect() must return %d columns", INSPECT_COLS);
-		values[0] = CStringGetTextDatum(idem_record_state(&rec, now));
+		values[0] = CStringGetTextDatum(idem_state_name(idem_record_state(&rec, now)));
 		values[1] = Int64GetDatum(rec.token);
 		values[2] = PointerGetDatum(rec.fingerprint);
 		nulls[2] = (rec.fingerprint == NULL);

@@ -1,15 +1,16 @@
 /*-------------------------------------------------------------------------
  *
  * store.h
- *	  The record tables, their records, and the store of open tables (store.c).
+ *	  The record tables, their records, and the store of open tables;
+ *	  opening and closing them (store.c).
  *
  *-------------------------------------------------------------------------
  */
 #ifndef IDEM_STORE_H
 #define IDEM_STORE_H
 
-#include "access/tableam.h"
-#include "nodes/execnodes.h"
+#include "executor/tuptable.h"
+#include "storage/itemptr.h"
 #include "storage/lockdefs.h"
 #include "utils/jsonb.h"
 #include "utils/relcache.h"
@@ -27,8 +28,8 @@
 
 /*
  * The columns of both tables, found by name (shape.c): a DBA may add
- * columns of their own.  A schema without session claims and checkpoints
- * lacks the last four.
+ * columns of their own.  A schema without session claims, checkpoints and
+ * remembering has the first IDEM_NUM_BASE_COLUMNS only.
  */
 typedef enum IdemColumn
 {
@@ -49,14 +50,15 @@ typedef enum IdemColumn
 	IDEM_NUM_COLUMNS
 } IdemColumn;
 
-#define IDEM_NUM_COLUMNS_1_0	(IDEM_COL_RESPONSE + 1)
+#define IDEM_NUM_BASE_COLUMNS	(IDEM_COL_RESPONSE + 1)
 
 /* Where each column is in one table (InvalidAttrNumber: absent) */
 typedef struct IdemShape
 {
 	AttrNumber	attnum[IDEM_NUM_COLUMNS];
 	bool		exact;			/* every column is ours, nothing dropped */
-	bool		has_1_4;		/* the last four columns are there */
+	bool		has_claim_columns;	/* holder, checkpoint, takeovers and
+									 * forget_at are there */
 	bool		role_by_name;	/* role_id is a name, not the role's OID */
 	Oid			pkey;			/* primary key on (role_id, operation, key) */
 
@@ -155,8 +157,6 @@ idem_store_column(IdemStore *store, int t, TupleTableSlot *slot, IdemColumn c, b
 	return slot_getattr(slot, att, isnull);
 }
 
-extern Datum idem_store_role_datum(IdemStore *store, int t, Oid role);
-extern bool idem_store_role_equal(IdemStore *store, int t, Datum value, Oid role);
 extern void idem_store_close(IdemStore *store, bool release);
 extern void idem_store_note_hidden(IdemStore *store);
 

@@ -316,7 +316,7 @@ fill_slot(RecordWrite *w, const IdemKey *key, const IdemRecord *rec,
 	v[IDEM_COL_FORGET_AT] = TimestampTzGetDatum(rec->forget_at);
 	n[IDEM_COL_FORGET_AT] = (rec->forget_at == 0);
 
-	if (!shape->has_1_4 &&
+	if (!shape->has_claim_columns &&
 		(rec->holder != 0 || rec->checkpoint != NULL || rec->forget_at != 0))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),

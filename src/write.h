@@ -8,6 +8,7 @@
 #ifndef IDEM_WRITE_H
 #define IDEM_WRITE_H
 
+#include "access/tableam.h"
 #include "store.h"
 
 extern void idem_store_insert(IdemStore *store, const IdemKey *key,

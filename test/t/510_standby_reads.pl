@@ -29,12 +29,20 @@
 # 2. Settings given before the library is loaded.  The documented rule is
 #    that the library belongs in session_preload_libraries (or
 #    shared_preload_libraries); a value that could not be checked when it
-#    was given fails every call clearly, with 22023 naming it, until the
-#    setting is assigned again (SET or RESET):
+#    was given fails every call clearly, with 22023 naming it, while it is
+#    in effect -- until the setting is assigned again (SET or RESET), or
+#    what gave it is undone:
 #    - a committed SET idempotency.lease = 'bogus' before the first call;
-#    - a SET LOCAL 'bogus' in the transaction that loads the library: the
-#      calls after its rollback still fail (the value was not checked when
-#      it was given), until a valid SET;
+#    - a SET LOCAL idempotency.in_flight = 'rasie' in the transaction that
+#      loads the library: 22023 there; after its rollback SHOW prints the
+#      default and the next calls claim (one request's typo does not
+#      poison a pooled connection);
+#    - the same in a savepoint: ROLLBACK TO SAVEPOINT undoes it;
+#    - a SET 'bogus' in a transaction that loads the library and commits
+#      (its error rolled back to a savepoint): the value stays the
+#      session's, and the calls after the commit still fail, until RESET;
+#    - a function's SET clause 'rasie': its call fails, a call after it
+#      claims;
 #    - a valid value set before the load is used (lease 7 s);
 #    - with session_preload_libraries: SET of a bogus value fails at once
 #      (22023, nothing changes); an ALTER ROLE ... SET bogus made before the
@@ -161,16 +169,51 @@ $primary->safe_psql('postgres', 'CREATE SEQUENCE kseq');
 {
 	my $s = new_session();
 	is(state_of($s, 'BEGIN;'), '00000', 'SET LOCAL case: BEGIN');
-	is(state_of($s, q{SET LOCAL idempotency.lease = 'bogus';}), '00000',
-		'SET LOCAL idempotency.lease = bogus before the library is loaded is accepted (a placeholder)');
-	is(state_of($s, $claim_sql), '22023', 'the call that loads the library: 22023 (invalid lease)');
+	is(state_of($s, q{SET LOCAL idempotency.in_flight = 'rasie';}), '00000',
+		'SET LOCAL idempotency.in_flight = rasie before the library is loaded is accepted (a placeholder)');
+	is(state_of($s, $claim_sql), '22023', 'the call that loads the library: 22023 (invalid in_flight)');
 	is(state_of($s, 'ROLLBACK;'), '00000', 'ROLLBACK');
-	my ($out, $st) = run_sql($s, $claim_sql);
-	like($out, qr/^$/, 'no claim after the rollback');
-	is($st, '22023', 'after the rollback: still 22023 (the value was never checked when given)');
-	is(state_of($s, q{SET idempotency.lease = '5s';}), '00000', 'a valid SET');
+	my ($out, $st) = run_sql($s, q{SHOW idempotency.in_flight;});
+	is("$st|$out", '00000|wait', 'after the rollback SHOW prints the default');
 	($out, $st) = run_sql($s, $claim_sql);
-	is("$st|$out", '00000|new', 'after a valid SET the session claims');
+	is("$st|$out", '00000|new', 'after the rollback the session claims: the rolled-back value poisons nothing');
+	($out, $st) = run_sql($s, $claim_sql);
+	is("$st|$out", '00000|new', 'and the next call too');
+	$s->quit;
+}
+{
+	my $s = new_session();
+	is(state_of($s, 'BEGIN; SAVEPOINT a;'), '00000', 'savepoint case: BEGIN, SAVEPOINT');
+	is(state_of($s, q{SET LOCAL idempotency.lease = 'bogus';}), '00000', 'SET LOCAL idempotency.lease = bogus');
+	is(state_of($s, $claim_sql), '22023', 'the call that loads the library: 22023');
+	is(state_of($s, 'ROLLBACK TO SAVEPOINT a;'), '00000', 'ROLLBACK TO SAVEPOINT');
+	my ($out, $st) = run_sql($s, $claim_sql);
+	is("$st|$out", '00000|new', 'after the rollback to the savepoint the transaction claims');
+	is(state_of($s, 'COMMIT;'), '00000', 'COMMIT');
+	$s->quit;
+}
+{
+	my $s = new_session();
+	is(state_of($s, q{BEGIN; SET idempotency.lease = 'bogus'; SAVEPOINT a;}), '00000',
+		'committed-in-transaction case: BEGIN, SET, SAVEPOINT');
+	is(state_of($s, $claim_sql), '22023', 'the call that loads the library: 22023');
+	is(state_of($s, 'ROLLBACK TO SAVEPOINT a; COMMIT;'), '00000', 'ROLLBACK TO SAVEPOINT, COMMIT: the SET stays');
+	is(state_of($s, $claim_sql), '22023', 'after the commit: still 22023 (the bogus value is the session\'s)');
+	is(state_of($s, 'RESET idempotency.lease;'), '00000', 'RESET idempotency.lease');
+	my ($out, $st) = run_sql($s, $claim_sql);
+	is("$st|$out", '00000|new', 'after the RESET the session claims');
+	$s->quit;
+}
+$primary->safe_psql('postgres', q{
+	CREATE FUNCTION claim_rasie() RETURNS text LANGUAGE sql
+	  SET idempotency.in_flight = 'rasie'
+	  AS $$ SELECT status FROM idem_begin('set', 'k' || nextval('kseq'), NULL) $$;});
+{
+	my $s = new_session();
+	is(state_of($s, q{SELECT claim_rasie();}), '22023',
+		'a function whose SET clause is invalid, loading the library: 22023');
+	my ($out, $st) = run_sql($s, $claim_sql);
+	is("$st|$out", '00000|new', 'a call after that function claims');
 	$s->quit;
 }
 {

@@ -300,3 +300,36 @@ SELECT o AS missing_after_update_from_1_4 FROM fresh_tables
 EXCEPT SELECT o FROM ext_tables() o;
 SELECT o AS extra_after_update_from_1_4 FROM ext_tables() o
 EXCEPT SELECT o FROM fresh_tables;
+
+-- From 1.5 to 1.6 with claims in flight: s1, a takeover => 'session' claim
+-- of this session, which lives; s2, one whose session has ended (its
+-- holder names no session); p1, a lease claim.  The 1.5 definitions on the
+-- current library: idem_stats already counts s2 as lapsed, as idem_inspect
+-- and idem_begin take it; the 1.5 view idem_monitor, in SQL, still says
+-- pending.  After the update every view agrees (s2 lapsed), idem_stats has
+-- the column unknown, and s2 is taken over by the next claim.
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency VERSION '1.5';
+SELECT status FROM idem_begin('upgrade', 's1', NULL, lease => '1 h', takeover => 'session');
+SELECT status FROM idem_begin('upgrade', 's2', NULL, lease => '1 h', takeover => 'session');
+SELECT status FROM idem_begin('upgrade', 'p1', NULL, lease => '1 h');
+UPDATE idem_record SET holder = 1 WHERE operation = 'upgrade' AND key = 's2';
+SELECT * FROM idem_stats WHERE operation = 'upgrade';
+SELECT state, records FROM idem_monitor WHERE operation = 'upgrade' ORDER BY state;
+ALTER EXTENSION idempotency UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+SELECT * FROM idem_stats WHERE operation = 'upgrade';
+SELECT state, records FROM idem_monitor WHERE operation = 'upgrade' ORDER BY state;
+SELECT key, state FROM (VALUES ('p1'), ('s1'), ('s2')) k(key), idem_inspect('upgrade', key) ORDER BY key;
+SELECT status FROM idem_begin('upgrade', 's2', NULL, in_flight => 'raise');
+DELETE FROM idem_record WHERE operation = 'upgrade';
+-- ... and then, in the fresh install's mode, has its objects and tables.
+SELECT idem_set_durability('none');
+SELECT o AS missing_after_update_from_1_5 FROM fresh_objects
+EXCEPT SELECT o FROM ext_objects() o;
+SELECT o AS extra_after_update_from_1_5 FROM ext_objects() o
+EXCEPT SELECT o FROM fresh_objects;
+SELECT o AS missing_after_update_from_1_5 FROM fresh_tables
+EXCEPT SELECT o FROM ext_tables() o;
+SELECT o AS extra_after_update_from_1_5 FROM ext_tables() o
+EXCEPT SELECT o FROM fresh_tables;

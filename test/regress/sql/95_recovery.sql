@@ -399,7 +399,7 @@ ROLLBACK;
 -- the other modes, once it has held a row).
 BEGIN;
 SELECT idem_set_durability('completed');
-ALTER TABLE idem_result DROP COLUMN holder;
+ALTER TABLE idem_result DROP COLUMN takeovers;
 SELECT status FROM idem_begin('recovery', 'x2', NULL);
 \echo :SQLSTATE
 ROLLBACK;
