@@ -220,7 +220,7 @@ distribution_of(Oid relid, Var **column)
 		Node	   *node = isnull ? NULL : stringToNode(TextDatumGetCString(partkey));
 
 		if (node != NULL && !IsA(node, Var))
-			elog(ERROR, "idempotency: the distribution column of \"%s\" is not a column",
+			elog(ERROR, "the distribution column of \"%s\" is not a column",
 				 get_rel_name(relid));
 		*column = (Var *) node;
 	}
@@ -460,8 +460,8 @@ build_route(const IdemObjects *objects)
 				ereport(ERROR,
 						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 						 errmsg("idem_record and idem_result are not colocated"),
-						 errdetail("Their shards " INT64_FORMAT " and " INT64_FORMAT " hold different hash ranges.",
-								   r->shardid, ress.items[i].shardid)));
+						 errdetail("Their shards %lld and %lld hold different hash ranges.",
+								   (long long) r->shardid, (long long) ress.items[i].shardid)));
 			r->result_shardid = ress.items[i].shardid;
 		}
 		r->local = placed_on(r->shardid, route.group);
@@ -660,8 +660,8 @@ idem_citus_route(IdemObjects *objects, const IdemKey *key, bool write)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("the idempotency record of key \"%s\" is not on this node",
 						text_to_cstring(key->key)),
-				 errdetail("The records are distributed, and this key's shard " INT64_FORMAT " has no placement on this node (group %d): Citus did not delegate the call to the node that holds it.",
-						   shardid, rc->group),
+				 errdetail("The records are distributed, and this key's shard %lld has no placement on this node (group %d): Citus did not delegate the call to the node that holds it.",
+						   (long long) shardid, rc->group),
 				 errhint("Call the idem_* functions as statements of their own with constant arguments, SELECT idem_begin('op', 'key', ...), from the application or inside a transaction block, not with a query's column as the key or from a PL/pgSQL function (unless Citus delegates that function to the tenant's node). A call that raced a shard move can be retried.")));
 	objects->records = shard->records;
 	if (OidIsValid(objects->results))

@@ -126,7 +126,7 @@ check_fingerprint(const IdemKey *key, const IdemRecord *rec, const bytea *fp)
 			(errcode(ERRCODE_IDEMPOTENCY_KEY_REUSED),
 			 errmsg("idempotency key \"%s\" was already used for a different request",
 					text_to_cstring(key->key)),
-			 errdetail("Stored fingerprint: %s. Request fingerprint: %s.",
+			 errdetail_internal("Stored fingerprint: %s. Request fingerprint: %s.",
 					   fingerprint_text(rec->fingerprint),
 					   fingerprint_text(fp)),
 			 errhint("Use a new key for a new request.")));
@@ -670,7 +670,7 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 				result = idem_store_update(store, key, rec);
 				break;
 			default:
-				elog(ERROR, "idempotency: unknown claim action %d", (int) action);
+				elog(ERROR, "unknown claim action %d", (int) action);
 		}
 
 		if (result != TM_Ok)
@@ -939,8 +939,8 @@ forget_call(FunctionCallInfo fcinfo, bool tenant)
 					(errcode(ERRCODE_IDEMPOTENCY_IN_PROGRESS),
 					 errmsg("idempotency key \"%s\" is held by a live attempt",
 							text_to_cstring(key.key)),
-					 errdetail("Its claim (token " INT64_FORMAT ") is pending until %s.",
-							   rec.token, timestamptz_to_str(rec.expires_at)),
+					 errdetail("Its claim (token %lld) is pending until %s.",
+							   (long long) rec.token, timestamptz_to_str(rec.expires_at)),
 					 errhint("Pass force => true to forget it anyway: the attempt's finish then fails with IK412.")));
 		if (idem_store_delete(&store, &key, &rec) == TM_Ok)
 			break;

@@ -171,10 +171,10 @@ idem_counters(PG_FUNCTION_ARGS)
 
 	require_counters();
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "idempotency: return type must be a row type");
+		elog(ERROR, "return type must be a row type");
 	if (tupdesc->natts != COUNTERS_COLS && tupdesc->natts != COUNTERS_COLS_1_4 &&
 		tupdesc->natts != COUNTERS_COLS_1_1)
-		elog(ERROR, "idempotency: idem_counters() must return %d columns", (int) COUNTERS_COLS);
+		elog(ERROR, "idem_counters() must return %d columns", (int) COUNTERS_COLS);
 
 	for (int i = 0; i < tupdesc->natts - 1; i++)
 	{
@@ -215,7 +215,7 @@ idem_monitor_counters(PG_FUNCTION_ARGS)
 
 		/* a counter inserted in the middle of IdemCounter without its line */
 		if (counter_defs[i].name == NULL)
-			elog(ERROR, "idempotency: counter %d has no name", i);
+			elog(ERROR, "counter %d has no name", i);
 		values[0] = CStringGetTextDatum(counter_defs[i].name);
 		values[1] = Float8GetDatum((double) v * counter_defs[i].scale);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);

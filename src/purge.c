@@ -202,7 +202,7 @@ register_workers(void)
 
 	/* checked by check_databases */
 	if (!SplitIdentifierString(names, ',', &databases))
-		elog(ERROR, "idempotency: invalid list syntax in idempotency.databases");
+		elog(ERROR, "invalid list syntax in idempotency.databases");
 
 	foreach(lc, databases)
 	{
@@ -302,7 +302,7 @@ purge_one_batch(void)
 					 " WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'",
 					 true, 1);
 	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "idempotency: extension look-up failed: %s",
+		elog(ERROR, "extension look-up failed: %s",
 			 SPI_result_code_string(rc));
 
 	if (SPI_processed == 1)
@@ -315,7 +315,7 @@ purge_one_batch(void)
 
 		rc = SPI_execute_with_args(query, 1, argtypes, args, NULL, false, 1);
 		if (rc != SPI_OK_SELECT)
-			elog(ERROR, "idempotency: idem_purge failed: %s",
+			elog(ERROR, "idem_purge failed: %s",
 				 SPI_result_code_string(rc));
 		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											  SPI_tuptable->tupdesc, 1, &isnull));

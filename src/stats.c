@@ -76,7 +76,7 @@ emit_group(StatsState *st, StatsGroup *g)
 	int			natts = st->tupdesc->natts;
 
 	if (natts != STATS_COLS && natts != STATS_COLS_1_1)
-		elog(ERROR, "idempotency: idem_stats_records() must return %d columns", STATS_COLS);
+		elog(ERROR, "idem_stats_records() must return %d columns", STATS_COLS);
 	values[0] = PointerGetDatum(g->operation);
 	for (int i = 0; i < natts - 1; i++)
 		values[i + 1] = Int64GetDatum(g->counts[i]);
@@ -192,7 +192,7 @@ inspect_call(FunctionCallInfo fcinfo, bool tenant)
 
 		if (rsinfo->setDesc->natts != INSPECT_COLS &&
 			rsinfo->setDesc->natts != INSPECT_COLS_1_1)
-			elog(ERROR, "idempotency: idem_inspect() must return %d columns", INSPECT_COLS);
+			elog(ERROR, "idem_inspect() must return %d columns", INSPECT_COLS);
 		values[0] = CStringGetTextDatum(idem_record_state(&rec, now));
 		values[1] = Int64GetDatum(rec.token);
 		values[2] = PointerGetDatum(rec.fingerprint);

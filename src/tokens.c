@@ -144,7 +144,7 @@ count_bits(IdemStore *store)
 	int64		seqmax;
 
 	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "idempotency: cache lookup failed for sequence %u",
+		elog(ERROR, "cache lookup failed for sequence %u",
 			 store->epoch_seq);
 	seqmax = ((Form_pg_sequence) GETSTRUCT(tup))->seqmax;
 	ReleaseSysCache(tup);
