@@ -519,6 +519,7 @@ begin_call(FunctionCallInfo fcinfo, bool tenant)
 				 errdetail("A key is remembered from its completion, after its response has been kept for the ttl.")));
 
 	PreventCommandIfReadOnly("idem_begin()");
+	PreventCommandIfParallelMode("idem_begin()");
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock, &key);
 
@@ -691,7 +692,10 @@ act_on_claim(IdemStore *store, const IdemKey *key, int64 token,
 	return false;
 }
 
-/* act_on_claim for an SQL function: a write, so not in read-only mode */
+/*
+ * act_on_claim for an SQL function: a write, so not in read-only mode nor
+ * in a parallel operation
+ */
 static bool
 act_on_claim_for(FunctionCallInfo fcinfo, const char *fname, const IdemKey *key,
 				 int64 token, ClaimAction action, Jsonb *response, int64 lease,
@@ -701,6 +705,7 @@ act_on_claim_for(FunctionCallInfo fcinfo, const char *fname, const IdemKey *key,
 	bool		held;
 
 	PreventCommandIfReadOnly(fname);
+	PreventCommandIfParallelMode(fname);
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock, key);
 	held = act_on_claim(&store, key, token, action, response, lease, rec);
@@ -919,6 +924,7 @@ forget_call(FunctionCallInfo fcinfo, bool tenant)
 	force = PG_GETARG_BOOL(a + 1);
 
 	PreventCommandIfReadOnly("idem_forget()");
+	PreventCommandIfParallelMode("idem_forget()");
 	idem_lock_key(&key);
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock, &key);
 	for (;;)
