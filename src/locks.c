@@ -439,23 +439,26 @@ session_exit(int code, Datum arg)
 /*
  * The number that names this session in its 'session' claims: its process
  * ID and the low half of its start time (a process ID is reused, not
- * within the same microsecond of a 71-minute cycle).  The first call takes
- * the session's locks that say it is alive.
+ * within the same microsecond of a 71-minute cycle).  Every call makes sure
+ * the session holds its locks that say it is alive: a call that could not
+ * take them (a full lock table: 53200) fails, and so does its claim, and a
+ * later call takes them -- a claim is never made without them.
  */
 int64
 idem_session_holder(void)
 {
-	if (my_holder != 0)
-		return my_holder;
-	my_holder = (int64) (((uint64) (uint32) MyProcPid << 32) |
-						 (uint32) MyStartTimestamp);
 	if (my_holder == 0)
-		my_holder = 1;
+	{
+		my_holder = (int64) (((uint64) (uint32) MyProcPid << 32) |
+							 (uint32) MyStartTimestamp);
+		if (my_holder == 0)
+			my_holder = 1;
+		RegisterXactCallback(session_xact_callback, NULL);
+		RegisterResourceReleaseCallback(session_release_callback, NULL);
+		before_shmem_exit(session_exit, (Datum) 0);
+	}
 	session_lock_keep(IDEM_LOCK_CLASS_SESSION, true);
 	session_lock_keep(IDEM_LOCK_CLASS_SESSION_ANCHOR, true);
-	RegisterXactCallback(session_xact_callback, NULL);
-	RegisterResourceReleaseCallback(session_release_callback, NULL);
-	before_shmem_exit(session_exit, (Datum) 0);
 	return my_holder;
 }
 
