@@ -301,7 +301,7 @@ idem_wait_for_wakeup(const IdemKey *key, int64 holder, TimestampTz until,
 		rc = WaitLatch(MyLatch,
 					   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 					   timeout_ms,
-					   PG_WAIT_EXTENSION);
+					   idem_wait_event(IDEM_WAIT_CLAIM));
 		now = GetCurrentTimestamp();
 		if ((rc & WL_LATCH_SET) || now >= until || !any_held)
 			break;
@@ -324,6 +324,29 @@ idem_wait_for_wakeup(const IdemKey *key, int64 holder, TimestampTz until,
 	if (holder != 0)
 		LockRelease(&session_tag, AccessShareLock, false);
 	CHECK_FOR_INTERRUPTS();
+}
+
+/*
+ * The wait_event_info of a sleep: a wait event of type Extension with a
+ * name of its own where the server has them (PostgreSQL 17), registered on
+ * first use -- the names are server-wide, each backend keeps the numbers
+ * it got -- and else the one wait event "Extension".
+ */
+uint32
+idem_wait_event(IdemWaitEvent event)
+{
+	static const char *const names[IDEM_NUM_WAIT_EVENTS] = {
+		[IDEM_WAIT_CLAIM] = "IdempotencyClaim",
+		[IDEM_WAIT_PURGE_MAIN] = "IdempotencyPurgeMain",
+		[IDEM_WAIT_PURGE_DELAY] = "IdempotencyPurgeDelay",
+		[IDEM_WAIT_TOKEN_SYNC_REP] = "IdempotencyTokenSyncRep",
+	};
+	static uint32 info[IDEM_NUM_WAIT_EVENTS];
+
+	Assert(event < IDEM_NUM_WAIT_EVENTS);
+	if (info[event] == 0)
+		info[event] = idem_wait_event_new(names[event]);
+	return info[event];
 }
 
 /* ---- sessions (takeover => 'session') ---- */

@@ -41,6 +41,7 @@
 #include "citus.h"
 #include "counters.h"
 #include "idempotency.h"
+#include "locks.h"
 #include "purge.h"
 #include "sql.h"
 #include "store.h"
@@ -363,7 +364,7 @@ idem_purge_worker_main(Datum arg)
 			(void) WaitLatch(MyLatch,
 							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 							 sleep_ms,
-							 PG_WAIT_EXTENSION);
+							 idem_wait_event(IDEM_WAIT_PURGE_MAIN));
 			ResetLatch(MyLatch);
 		}
 		CHECK_FOR_INTERRUPTS();
@@ -391,7 +392,7 @@ idem_purge_worker_main(Datum arg)
 				(void) WaitLatch(MyLatch,
 								 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 								 idem_purge_delay_ms,
-								 PG_WAIT_EXTENSION);
+								 idem_wait_event(IDEM_WAIT_PURGE_DELAY));
 				ResetLatch(MyLatch);
 			}
 			CHECK_FOR_INTERRUPTS();

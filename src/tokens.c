@@ -106,6 +106,7 @@
 
 #include "catalog.h"
 #include "idempotency.h"
+#include "locks.h"
 #include "store.h"
 #include "tokens.h"
 
@@ -224,7 +225,7 @@ wait_for_sync_standbys(XLogRecPtr lsn)
 			return;
 
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 10L, PG_WAIT_EXTENSION);
+						 10L, idem_wait_event(IDEM_WAIT_TOKEN_SYNC_REP));
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}

@@ -74,9 +74,9 @@ send_sql($retry, qq{
 	       extract(epoch FROM statement_timestamp()) || '|' || extract(epoch FROM clock_timestamp())
 	  FROM idem_begin('mail', 'k1', $fp, lease => '1s') b;});
 ok( $node->poll_query_until('postgres', qq{
-		SELECT wait_event_type = 'Extension'
+		SELECT wait_event_type = 'Extension' AND wait_event = '@{[ idem_wait_event($node, 'IdempotencyClaim') ]}'
 		  FROM pg_stat_activity WHERE pid = $retry_pid}),
-	'wait-mode retry sleeps in a wait event of type Extension');
+	'wait-mode retry sleeps in wait event ' . idem_wait_event($node, 'IdempotencyClaim'));
 is( $node->safe_psql('postgres', qq{
 		SELECT mode, granted FROM pg_locks
 		 WHERE pid = $retry_pid AND locktype = 'advisory' AND objsubid = 18764}),

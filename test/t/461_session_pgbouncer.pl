@@ -144,9 +144,10 @@ send_sql($dup, q{
 	SELECT b.status || '|' || coalesce(b.token::text, '') || '|' ||
 	       extract(epoch FROM statement_timestamp()) || '|' || extract(epoch FROM clock_timestamp())
 	  FROM idem_begin('pb', 'k1', '\x01', 'wait') b;});
-ok( $node->poll_query_until('postgres', q{
+ok( $node->poll_query_until('postgres', qq{
 		SELECT count(*) = 1 FROM pg_stat_activity
-		 WHERE usename = 'app' AND wait_event_type = 'Extension'}),
+		 WHERE usename = 'app' AND wait_event_type = 'Extension'
+		   AND wait_event = '@{[ idem_wait_event($node, 'IdempotencyClaim') ]}'}),
 	'a duplicate waiting through pgbouncer sleeps on the claim');
 ok(!sql_done($dup), '... and has not been answered');
 # the lease now ends in 1 s (a renew wakes the sleepers, who sleep again
@@ -189,7 +190,7 @@ send_sql($waiter, q{
 	SELECT b.status || '|' || coalesce(b.token::text, '') || '|' || extract(epoch FROM clock_timestamp())
 	  FROM idem_begin('pb', 'k2', '\x01', 'wait') b;});
 ok( $node->poll_query_until('postgres', qq{
-		SELECT wait_event = 'Extension'
+		SELECT wait_event = '@{[ idem_wait_event($node, 'IdempotencyClaim') ]}'
 		   AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory'
 		                  AND l.objsubid = $SESSION_WAITER_LOCK AND l.granted)
 		  FROM pg_stat_activity a WHERE pid = $waiter_pid}),

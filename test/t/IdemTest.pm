@@ -29,6 +29,12 @@
 #                        how many idempotency advisory locks (classes 0x494B
 #                        and 0x494C) pg_locks shows: 0 once every claim and
 #                        wait has ended
+#   idem_wait_event($node, $name)
+#                        what pg_stat_activity.wait_event shows for the
+#                        extension's sleep named $name (IdempotencyClaim,
+#                        IdempotencyPurgeMain, IdempotencyPurgeDelay,
+#                        IdempotencyTokenSyncRep): $name on PostgreSQL 17
+#                        and later, "Extension" before
 #   token_max(@tokens)   the greatest of @tokens, compared as integers:
 #                        List::Util's max may compare them as doubles, which
 #                        cannot tell apart tokens of one epoch (above 2^53
@@ -126,7 +132,7 @@ use IPC::Run;
 use PostgreSQL::Test::Cluster ();
 use PostgreSQL::Test::Utils ();
 
-our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count token_max
+our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count idem_wait_event token_max
   $IDEM_RECORDS setup_load start_load stop_load load_progressed check_load check_amcheck);
 # Not exported unless asked for: tests that predate them define subs of the
 # same names, which an import would make Perl warn about as redefined.
@@ -207,6 +213,13 @@ sub idem_lock_count
 	return $node->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_locks
 		 WHERE locktype = 'advisory' AND objsubid IN (18763, 18764)});    # 0x494B, 0x494C
+}
+
+# The wait_event of the extension's sleep $name on $node's server
+sub idem_wait_event
+{
+	my ($node, $name) = @_;
+	return $node->safe_psql('postgres', 'SHOW server_version_num') >= 170000 ? $name : 'Extension';
 }
 
 # The greatest token of a list, compared as integers (Perl's > on two
