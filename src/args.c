@@ -102,7 +102,7 @@ idem_key_from_args(FunctionCallInfo fcinfo, IdemKey *key, bool tenant)
 		idem_require_arg(fcinfo, 0, "tenant");
 		key->tenant_type = get_fn_expr_argtype(fcinfo->flinfo, 0);
 		if (!OidIsValid(key->tenant_type))
-			elog(ERROR, "idempotency: the type of argument \"tenant\" is unknown");
+			elog(ERROR, "the type of argument \"tenant\" is unknown");
 		key->tenant = PG_GETARG_DATUM(0);
 	}
 	key->operation = name_arg(fcinfo, a, "operation");

@@ -186,7 +186,7 @@ lookup_relids(Oid fn_oid)
 				resultid;
 
 	if (!OidIsValid(extoid))
-		elog(ERROR, "idempotency: function %u is not a member of the extension",
+		elog(ERROR, "function %u is not a member of the extension",
 			 fn_oid);
 	relid = member_relid(extoid, nsp, "idem_record");
 	if (!OidIsValid(relid))

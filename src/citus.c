@@ -258,7 +258,7 @@ distribution_of(Oid relid, Var **column, int32 *colocation)
 		Node	   *node = isnull ? NULL : stringToNode(TextDatumGetCString(partkey));
 
 		if (node != NULL && !IsA(node, Var))
-			elog(ERROR, "idempotency: the distribution column of \"%s\" is not a column",
+			elog(ERROR, "the distribution column of \"%s\" is not a column",
 				 get_rel_name(relid));
 		*column = (Var *) node;
 	}
@@ -516,8 +516,8 @@ build_route(const IdemObjects *objects)
 				ereport(ERROR,
 						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 						 errmsg("idem_record and idem_result are not colocated"),
-						 errdetail("Their shards " INT64_FORMAT " and " INT64_FORMAT " hold different hash ranges.",
-								   r->shardid, ress.items[i].shardid)));
+						 errdetail("Their shards %lld and %lld hold different hash ranges.",
+								   (long long) r->shardid, (long long) ress.items[i].shardid)));
 			r->result_shardid = ress.items[i].shardid;
 		}
 		r->local = placed_on(r->shardid, route.group, &r->placed_xmin);
@@ -785,16 +785,16 @@ idem_citus_route(IdemObjects *objects, const IdemKey *key, bool write, int64 *lo
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("the idempotency record of key \"%s\" moved to another node during the call",
 						text_to_cstring(key->key)),
-				 errdetail("A shard move of the records took the key's shard " INT64_FORMAT " off this node (group %d).",
-						   shardid, rc->group),
+				 errdetail("A shard move of the records took the key's shard %lld off this node (group %d).",
+						   (long long) shardid, rc->group),
 				 errhint("Retry the call: Citus sends it to the node that holds the key now.")));
 	if (shard->shardid != shardid || !shard->local)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("the idempotency record of key \"%s\" is not on this node",
 						text_to_cstring(key->key)),
-				 errdetail("The records are distributed, and this key's shard " INT64_FORMAT " has no placement on this node (group %d): Citus did not delegate the call to the node that holds it.",
-						   shardid, rc->group),
+				 errdetail("The records are distributed, and this key's shard %lld has no placement on this node (group %d): Citus did not delegate the call to the node that holds it.",
+						   (long long) shardid, rc->group),
 				 errhint("Call the idem_* functions as statements of their own with constant arguments, SELECT idem_begin('op', 'key', ...), from the application or inside a transaction block, not with a query's column as the key or from a PL/pgSQL function (unless Citus delegates that function to the tenant's node). A call that raced a shard move can be retried.")));
 	objects->records = shard->records;
 	if (OidIsValid(objects->results))
@@ -1154,9 +1154,9 @@ idem_citus_other_epochs(Oid epoch_seq, int64 mask)
 		int64		self = (int64) GetSystemIdentifier();
 
 		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "idempotency: SPI_connect failed");
+			elog(ERROR, "SPI_connect failed");
 		if (SPI_execute(query.data, true, 0) != SPI_OK_SELECT)
-			elog(ERROR, "idempotency: could not read the token epochs of the Citus nodes");
+			elog(ERROR, "could not read the token epochs of the Citus nodes");
 		for (uint64 i = 0; i < SPI_processed; i++)
 		{
 			bool		isnull;

@@ -270,6 +270,7 @@ begin_call(FunctionCallInfo fcinfo, bool tenant)
 	idem_check_settings();
 	begin_request(fcinfo, tenant, &key, &req);
 	PreventCommandIfReadOnly("idem_begin()");
+	PreventCommandIfParallelMode("idem_begin()");
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock, &key);
 

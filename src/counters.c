@@ -242,7 +242,7 @@ idem_monitor_counters(PG_FUNCTION_ARGS)
 
 		/* a counter inserted in the middle of IdemCounter without its line */
 		if (counter_defs[i].name == NULL)
-			elog(ERROR, "idempotency: counter %d has no name", i);
+			elog(ERROR, "counter %d has no name", i);
 		values[0] = CStringGetTextDatum(counter_defs[i].name);
 		values[1] = Float8GetDatum((double) v * counter_defs[i].scale);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);

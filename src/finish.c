@@ -158,6 +158,7 @@ act_on_claim_for(FunctionCallInfo fcinfo, const char *fname, const IdemKey *key,
 	bool		held;
 
 	PreventCommandIfReadOnly(fname);
+	PreventCommandIfParallelMode(fname);
 
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock, key);
 	held = act_on_claim(&store, key, token, action, response, lease, rec);

@@ -54,6 +54,7 @@ forget_call(FunctionCallInfo fcinfo, bool tenant)
 	force = PG_GETARG_BOOL(a + 1);
 
 	PreventCommandIfReadOnly("idem_forget()");
+	PreventCommandIfParallelMode("idem_forget()");
 	idem_lock_key(&key);
 	idem_store_open(&store, fcinfo->flinfo->fn_oid, RowExclusiveLock, &key);
 	for (;;)

@@ -303,7 +303,7 @@ idem_wait_for_wakeup(const IdemKey *key, int64 holder, TimestampTz until,
 		rc = WaitLatch(MyLatch,
 					   WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 					   timeout_ms,
-					   PG_WAIT_EXTENSION);
+					   idem_wait_event(IDEM_WAIT_CLAIM));
 		now = GetCurrentTimestamp();
 		if ((rc & WL_LATCH_SET) || now >= until || !any_held)
 			break;
@@ -326,6 +326,29 @@ idem_wait_for_wakeup(const IdemKey *key, int64 holder, TimestampTz until,
 	if (holder != 0)
 		LockRelease(&session_tag, AccessShareLock, false);
 	CHECK_FOR_INTERRUPTS();
+}
+
+/*
+ * The wait_event_info of a sleep: a wait event of type Extension with a
+ * name of its own where the server has them (PostgreSQL 17), registered on
+ * first use -- the names are server-wide, each backend keeps the numbers
+ * it got -- and else the one wait event "Extension".
+ */
+uint32
+idem_wait_event(IdemWaitEvent event)
+{
+	static const char *const names[IDEM_NUM_WAIT_EVENTS] = {
+		[IDEM_WAIT_CLAIM] = "IdempotencyClaim",
+		[IDEM_WAIT_PURGE_MAIN] = "IdempotencyPurgeMain",
+		[IDEM_WAIT_PURGE_DELAY] = "IdempotencyPurgeDelay",
+		[IDEM_WAIT_TOKEN_SYNC_REP] = "IdempotencyTokenSyncRep",
+	};
+	static uint32 info[IDEM_NUM_WAIT_EVENTS];
+
+	Assert(event < IDEM_NUM_WAIT_EVENTS);
+	if (info[event] == 0)
+		info[event] = idem_wait_event_new(names[event]);
+	return info[event];
 }
 
 /* ---- sessions (takeover => 'session') ---- */
@@ -441,23 +464,26 @@ session_exit(int code, Datum arg)
 /*
  * The number that names this session in its 'session' claims: its process
  * ID and the low half of its start time (a process ID is reused, not
- * within the same microsecond of a 71-minute cycle).  The first call takes
- * the session's locks that say it is alive.
+ * within the same microsecond of a 71-minute cycle).  Every call makes sure
+ * the session holds its locks that say it is alive: a call that could not
+ * take them (a full lock table: 53200) fails, and so does its claim, and a
+ * later call takes them -- a claim is never made without them.
  */
 int64
 idem_session_holder(void)
 {
-	if (my_holder != 0)
-		return my_holder;
-	my_holder = (int64) (((uint64) (uint32) MyProcPid << 32) |
-						 (uint32) MyStartTimestamp);
 	if (my_holder == 0)
-		my_holder = 1;
+	{
+		my_holder = (int64) (((uint64) (uint32) MyProcPid << 32) |
+							 (uint32) MyStartTimestamp);
+		if (my_holder == 0)
+			my_holder = 1;
+		RegisterXactCallback(session_xact_callback, NULL);
+		RegisterResourceReleaseCallback(session_release_callback, NULL);
+		before_shmem_exit(session_exit, (Datum) 0);
+	}
 	session_lock_keep(IDEM_LOCK_CLASS_SESSION, true);
 	session_lock_keep(IDEM_LOCK_CLASS_SESSION_ANCHOR, true);
-	RegisterXactCallback(session_xact_callback, NULL);
-	RegisterResourceReleaseCallback(session_release_callback, NULL);
-	before_shmem_exit(session_exit, (Datum) 0);
 	return my_holder;
 }
 

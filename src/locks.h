@@ -26,4 +26,16 @@ extern void idem_wait_for_wakeup(const IdemKey *key, int64 holder,
 								 const Oid *relids, int nrelids);
 extern void idem_wake_waiters(const IdemKey *key);
 
+/* What the extension's sleeps show in pg_stat_activity (docs/operations.md) */
+typedef enum IdemWaitEvent
+{
+	IDEM_WAIT_CLAIM,			/* a duplicate, on the claim holding its key */
+	IDEM_WAIT_PURGE_MAIN,		/* the purge worker, between runs */
+	IDEM_WAIT_PURGE_DELAY,		/* the purge worker, between batches */
+	IDEM_WAIT_TOKEN_SYNC_REP,	/* a new token epoch, on synchronous standbys */
+	IDEM_NUM_WAIT_EVENTS
+} IdemWaitEvent;
+
+extern uint32 idem_wait_event(IdemWaitEvent event);
+
 #endif							/* IDEM_LOCKS_H */

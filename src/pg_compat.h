@@ -76,6 +76,18 @@ idem_init_range_table(EState *estate, RangeTblEntry *rte)
 	EvalPlanQualInit((epq), (estate), NULL, NIL, -1)
 #endif
 
+/*
+ * Wait events of an extension's own: 17 added WaitEventExtensionNew (a
+ * name shown in pg_stat_activity.wait_event); before, every sleep of an
+ * extension is PG_WAIT_EXTENSION, shown as "Extension".
+ */
+#if PG_VERSION_NUM >= 170000
+#include "utils/wait_event.h"
+#define idem_wait_event_new(name)	WaitEventExtensionNew(name)
+#else
+#define idem_wait_event_new(name)	((void) (name), PG_WAIT_EXTENSION)
+#endif
+
 /* LockHeldByMe: 17 added "or a stronger mode" */
 #if PG_VERSION_NUM >= 170000
 #define idem_lock_held_by_me(tag, mode) LockHeldByMe((tag), (mode), false)

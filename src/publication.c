@@ -97,7 +97,7 @@ idem_publication_guard(PG_FUNCTION_ARGS)
 	EventTriggerData *trigdata = (EventTriggerData *) fcinfo->context;
 
 	if (!CALLED_AS_EVENT_TRIGGER(fcinfo))
-		elog(ERROR, "idempotency: idem_publication_guard must be an event trigger");
+		elog(ERROR, "idem_publication_guard must be an event trigger");
 	/* ALTER TABLE ... SET SCHEMA may take a table into a published schema */
 	idem_check_publications(trigdata->tag != CMDTAG_ALTER_TABLE);
 	PG_RETURN_VOID();

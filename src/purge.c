@@ -41,6 +41,7 @@
 #include "citus.h"
 #include "counters.h"
 #include "idempotency.h"
+#include "locks.h"
 #include "purge.h"
 #include "sql.h"
 #include "store.h"
@@ -202,7 +203,7 @@ register_workers(void)
 
 	/* checked by check_databases */
 	if (!SplitIdentifierString(names, ',', &databases))
-		elog(ERROR, "idempotency: invalid list syntax in idempotency.databases");
+		elog(ERROR, "invalid list syntax in idempotency.databases");
 
 	foreach(lc, databases)
 	{
@@ -302,7 +303,7 @@ purge_one_batch(void)
 					 " WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'",
 					 true, 1);
 	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "idempotency: extension look-up failed: %s",
+		elog(ERROR, "extension look-up failed: %s",
 			 SPI_result_code_string(rc));
 
 	if (SPI_processed == 1)
@@ -315,7 +316,7 @@ purge_one_batch(void)
 
 		rc = SPI_execute_with_args(query, 1, argtypes, args, NULL, false, 1);
 		if (rc != SPI_OK_SELECT)
-			elog(ERROR, "idempotency: idem_purge failed: %s",
+			elog(ERROR, "idem_purge failed: %s",
 				 SPI_result_code_string(rc));
 		deleted = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 											  SPI_tuptable->tupdesc, 1, &isnull));
@@ -363,7 +364,7 @@ idem_purge_worker_main(Datum arg)
 			(void) WaitLatch(MyLatch,
 							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 							 sleep_ms,
-							 PG_WAIT_EXTENSION);
+							 idem_wait_event(IDEM_WAIT_PURGE_MAIN));
 			ResetLatch(MyLatch);
 		}
 		CHECK_FOR_INTERRUPTS();
@@ -391,7 +392,7 @@ idem_purge_worker_main(Datum arg)
 				(void) WaitLatch(MyLatch,
 								 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 								 idem_purge_delay_ms,
-								 PG_WAIT_EXTENSION);
+								 idem_wait_event(IDEM_WAIT_PURGE_DELAY));
 				ResetLatch(MyLatch);
 			}
 			CHECK_FOR_INTERRUPTS();

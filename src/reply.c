@@ -61,7 +61,7 @@ raise_key_reused(const IdemKey *key, const IdemRecord *rec, const bytea *fp)
 			(errcode(ERRCODE_IDEMPOTENCY_KEY_REUSED),
 			 errmsg("idempotency key \"%s\" was already used for a different request",
 					text_to_cstring(key->key)),
-			 errdetail("Stored fingerprint: %s. Request fingerprint: %s.",
+			 errdetail_internal("Stored fingerprint: %s. Request fingerprint: %s.",
 					   fingerprint_text(rec->fingerprint),
 					   fingerprint_text(fp)),
 			 errhint("Use a new key for a new request.")));

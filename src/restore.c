@@ -37,7 +37,7 @@ idem_mode_restored(PG_FUNCTION_ARGS)
 	Datum		d;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
-		elog(ERROR, "idempotency: idem_mode_restored must be a row trigger");
+		elog(ERROR, "idem_mode_restored must be a row trigger");
 	row = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
 		trigdata->tg_newtuple : trigdata->tg_trigtuple;
 	if (idem_durability_switching())
@@ -68,7 +68,7 @@ Datum
 idem_settle(PG_FUNCTION_ARGS)
 {
 	if (!CALLED_AS_TRIGGER(fcinfo))
-		elog(ERROR, "idempotency: idem_settle must be a trigger");
+		elog(ERROR, "idem_settle must be a trigger");
 	if (!idem_durability_switching())
 		idem_durability_settle(fcinfo->flinfo->fn_oid);
 	return PointerGetDatum(NULL);

@@ -141,7 +141,7 @@ on_role_records(const RoleTables *rt, const char *sql, Datum *args, Oid argtype,
 	PG_TRY();
 	{
 		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "idempotency: SPI_connect failed");
+			elog(ERROR, "SPI_connect failed");
 		for (int i = 0; i < 2; i++)
 		{
 			int			rc;
@@ -151,7 +151,7 @@ on_role_records(const RoleTables *rt, const char *sql, Datum *args, Oid argtype,
 			rc = SPI_execute_with_args(psprintf(sql, rt->tables[i]), nargs, types, args,
 									   NULL, read_only, 0);
 			if (rc < 0)
-				elog(ERROR, "idempotency: %s failed: %s", sql, SPI_result_code_string(rc));
+				elog(ERROR, "%s failed: %s", sql, SPI_result_code_string(rc));
 			rows += SPI_processed;
 		}
 		SPI_finish();

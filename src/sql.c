@@ -36,7 +36,7 @@ idem_run_sql(const char *query, int nargs, Oid *argtypes, Datum *args, int expec
 										   false, 0);
 
 	if (rc != expected)
-		elog(ERROR, "idempotency: \"%s\" failed: %s", query,
+		elog(ERROR, "\"%s\" failed: %s", query,
 			 SPI_result_code_string(rc));
 	return SPI_processed;
 }

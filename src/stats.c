@@ -205,7 +205,7 @@ inspect_call(FunctionCallInfo fcinfo, bool tenant)
 
 		if (rsinfo->setDesc->natts != INSPECT_COLS &&
 			rsinfo->setDesc->natts != INSPECT_COLS_1_1)
-			elog(ERROR, "idempotency: idem_inspect() must return %d columns", INSPECT_COLS);
+			elog(ERROR, "idem_inspect() must return %d columns", INSPECT_COLS);
 		values[0] = CStringGetTextDatum(idem_state_name(idem_record_state(&rec, now)));
 		values[1] = Int64GetDatum(rec.token);
 		values[2] = PointerGetDatum(rec.fingerprint);

@@ -112,6 +112,7 @@
 #include "catalog.h"
 #include "citus.h"
 #include "idempotency.h"
+#include "locks.h"
 #include "store.h"
 #include "tokens.h"
 
@@ -150,7 +151,7 @@ count_bits(IdemStore *store)
 	int64		seqmax;
 
 	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "idempotency: cache lookup failed for sequence %u",
+		elog(ERROR, "cache lookup failed for sequence %u",
 			 store->epoch_seq);
 	seqmax = ((Form_pg_sequence) GETSTRUCT(tup))->seqmax;
 	ReleaseSysCache(tup);
@@ -230,7 +231,7 @@ wait_for_sync_standbys(XLogRecPtr lsn)
 			return;
 
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 10L, PG_WAIT_EXTENSION);
+						 10L, idem_wait_event(IDEM_WAIT_TOKEN_SYNC_REP));
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}

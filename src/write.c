@@ -453,7 +453,7 @@ lock_version(IdemStore *store, const IdemRecord *rec, RecordWrite *w)
 	{
 		if (!table_tuple_fetch_row_version(store->heap[rec->table], &tid, SnapshotAny,
 										   w->oldslot))
-			elog(ERROR, "idempotency: record version (%u,%u) not found",
+			elog(ERROR, "record version (%u,%u) not found",
 				 ItemPointerGetBlockNumber(&tid),
 				 ItemPointerGetOffsetNumber(&tid));
 		return TM_Ok;
@@ -463,7 +463,7 @@ lock_version(IdemStore *store, const IdemRecord *rec, RecordWrite *w)
 							  w->oldslot, GetCurrentCommandId(false),
 							  LockTupleExclusive, LockWaitBlock, 0, &tmfd);
 	if (result == TM_Invisible || result == TM_SelfModified)
-		elog(ERROR, "idempotency: record version not lockable (%d)", result);
+		elog(ERROR, "record version not lockable (%d)", result);
 	return result;
 }
 
@@ -612,7 +612,7 @@ idem_store_move_batch(IdemStore *store, int from, bool all, int64 max_rows)
 		if (idem_store_delete(store, &key, &rec) != TM_Ok)
 		{
 			if (!key_locks)
-				elog(ERROR, "idempotency: a record of key \"%s\" could not be moved",
+				elog(ERROR, "a record of key \"%s\" could not be moved",
 					 text_to_cstring(key.key));
 			continue;
 		}

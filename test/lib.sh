@@ -188,6 +188,9 @@ missing_packages() {
 	if [[ ! -f $PG_SHAREDIR/extension/pg_repack.control || ! -x $PG_BINDIR/pg_repack ]]; then
 		echo postgresql-$PG_MAJOR-repack
 	fi
+	# the python and examples suites speak German to the server too
+	# (lc_messages = 'de_DE.UTF-8'), which needs the OS locale
+	locale -a 2>/dev/null | grep -qx 'de_DE.utf8' || echo locales-all
 	# the python suite: Debian's python3 with these modules ("module:package")
 	local mod
 	for mod in $PYTHON_MODULES; do

@@ -117,6 +117,25 @@ test('KeyReuseError (IK422) carries both fingerprints in hex and the DETAIL', as
 	assert.equal(err.key, key);
 });
 
+test('KeyReuseError (IK422) reads both fingerprints whatever the language of the messages', async (t) => {
+	// lc_messages is the server's choice: with German (the OS locale, Debian's
+	// locales-all, and the server's German catalogue) every translatable
+	// message reads differently; the DETAIL the package reads must not
+	const german = s.pool({ max: 1, options: '-c lc_messages=de_DE.UTF-8' });
+	const probe = await german.query('SELECT 1 / 0').catch((e) => e);
+	if (probe.message === 'division by zero') {
+		t.skip('the server has no German message catalogue (postgres-NN.mo)');
+		return;
+	}
+	const client = new IdempotencyClient(german);
+	const key = newKey('reuse-de');
+	await (await client.begin('op.test', key, ['cus_1', 1000])).finish({});
+	const err = await client.begin('op.test', key, ['cus_1', 5]).catch((e) => e);
+	assert.ok(err instanceof KeyReuseError, String(err));
+	assert.equal(err.storedFingerprint, fingerprint('cus_1', 1000).toString('hex'));
+	assert.equal(err.requestFingerprint, fingerprint('cus_1', 5).toString('hex'));
+});
+
 test('FencedError (IK412): a finish with a token that lost the key', async () => {
 	const key = newKey('fenced');
 	const claim = await idem.begin('op.test', key, null, { lease: '50 ms' });

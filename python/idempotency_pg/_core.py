@@ -477,10 +477,15 @@ def wait_ms(span: timedelta) -> str:
     return f"{max(1, math.ceil(span / timedelta(milliseconds=1)))}ms"
 
 
-def statement_timeout(err: BaseException) -> bool:
-    """Was ``err`` a statement cancelled by ``statement_timeout``?"""
+def statement_timeout(err: BaseException, ran: float, wait_timeout: timedelta) -> bool:
+    """Was ``err`` a statement cancelled by the ``statement_timeout`` of
+    ``wait_timeout``, after it ran ``ran`` seconds (measured here)?  A
+    cancel from elsewhere (``pg_cancel_backend``) is the same SQLSTATE
+    (57014); what tells them apart is not the server's message, which is
+    translated (``lc_messages``), but when it came: the server's timer
+    starts after the statement left here."""
     return (isinstance(err, psycopg.errors.QueryCanceled)
-            and "statement timeout" in (err.diag.message_primary or str(err)))
+            and ran >= wait_timeout.total_seconds())
 
 
 # ------------------------------------------------------------------ outcomes

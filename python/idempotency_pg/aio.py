@@ -24,6 +24,7 @@ import logging
 # sync {
 # import threading
 # }
+import time
 from collections.abc import Awaitable, Callable, Sequence  # sync: from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -523,6 +524,7 @@ class AsyncCoordinator:
         lost = 0
         attempt = 1
         while True:
+            started = time.monotonic()
             try:
                 claim._set(await _execute(conn, sql, params, self.prepare, wait))
                 break
@@ -539,7 +541,8 @@ class AsyncCoordinator:
                     continue
                 if not _core.serialization_retry(err, attempt):
                     await _checkin(pool, conn, switched, close=False)
-                    if wait_timeout is not None and _core.statement_timeout(err):
+                    if wait_timeout is not None and _core.statement_timeout(
+                            err, time.monotonic() - started, wait_timeout):
                         raise WaitTimeoutError(operation, key, wait_timeout,
                                                detail=_core.error_detail(err)) from err
                     raise

@@ -12,6 +12,7 @@ import functools
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -441,6 +442,7 @@ class Coordinator:
         lost = 0
         attempt = 1
         while True:
+            started = time.monotonic()
             try:
                 claim._set(_execute(conn, sql, params, self.prepare, wait))
                 break
@@ -457,7 +459,8 @@ class Coordinator:
                     continue
                 if not _core.serialization_retry(err, attempt):
                     _checkin(pool, conn, switched, close=False)
-                    if wait_timeout is not None and _core.statement_timeout(err):
+                    if wait_timeout is not None and _core.statement_timeout(
+                            err, time.monotonic() - started, wait_timeout):
                         raise WaitTimeoutError(operation, key, wait_timeout,
                                                detail=_core.error_detail(err)) from err
                     raise

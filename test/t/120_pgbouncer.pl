@@ -119,7 +119,7 @@ for my $action ('finish', 'abort')
 	my $key = "k-$action";
 	($out, $state) = run_sql($s1, qq{
 		SELECT pg_backend_pid() || '|' || status || '|' || token
-		  FROM idem_begin('pay', '$key', '\\x01', lease => '60 s');});
+		  FROM idem_begin('pay', '$key', '\\x01', lease => '10 min');});
 	my ($pid_begin, $status, $token) = split /\|/, $out;
 	is($status, 'new', "$action: idem_begin through pgbouncer: new");
 	is(idem_locks(), '0', "$action: the pending claim holds no lock on its server connection");
@@ -156,7 +156,7 @@ for my $action ('finish', 'abort')
 {
 	my $key = "w-$action";
 	($out, $state) = run_sql($s1, qq{
-		SELECT token FROM idem_begin('pay', '$key', '\\x02', lease => '60 s');});
+		SELECT token FROM idem_begin('pay', '$key', '\\x02', lease => '10 min');});
 	my $token = $out;
 	like($token, qr/^\d+$/, "wake on $action: a committed claim through pgbouncer");
 
@@ -184,8 +184,8 @@ for my $action ('finish', 'abort')
 	my ($pid_dup, $rest) = split /\|/, $dup_out // '', 2;
 	is($rest, $action eq 'finish' ? qq{replay|{"charge": "ch_w"}} : 'new|',
 		"wake on $action: the duplicate " . ($action eq 'finish' ? 'replays' : 'gets the key'));
-	cmp_ok($elapsed, '<', 5,
-		sprintf('wake on %s: ... promptly (%.2f s; lease 60 s)', $action, $elapsed));
+	cmp_ok($elapsed, '<', 300,
+		sprintf('wake on %s: ... woken, not at the lease end (%.2f s; lease 10 min)', $action, $elapsed));
 	if ($action eq 'abort')
 	{
 		# the duplicate now holds a committed claim: finish it
@@ -200,7 +200,7 @@ for my $action ('finish', 'abort')
 
 {
 	($out, $state) = run_sql($s1, q{
-		SELECT token FROM idem_begin('pay', 'cancel', '\x03', lease => '60 s');});
+		SELECT token FROM idem_begin('pay', 'cancel', '\x03', lease => '10 min');});
 	my $token = $out;
 	my $t0 = time;
 	($out, $state) = run_sql($s2, q{
@@ -209,7 +209,7 @@ for my $action ('finish', 'abort')
 		SELECT status FROM idem_begin('pay', 'cancel', '\x03', 'wait');});
 	is($state, '57014', 'a waiting duplicate gives up at statement_timeout (57014)');
 	run_sql($s2, 'ROLLBACK;');
-	cmp_ok(time - $t0, '<', 5, '... promptly');
+	cmp_ok(time - $t0, '<', 300, '... not at the lease end (10 min)');
 	is(idem_locks(), '0', 'no idempotency lock is left on any server connection');
 	is($node->safe_psql('postgres', q{
 		SELECT token || '|' || (completed_at IS NULL) FROM idem_record WHERE key = 'cancel'}),

@@ -12,6 +12,10 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use FindBin;
+use lib $FindBin::RealBin;
+use IdemTest;
+
 my $node = PostgreSQL::Test::Cluster->new('preloaded');
 $node->init;
 $node->append_conf('postgresql.conf', q{
@@ -38,6 +42,14 @@ ok($node->poll_query_until('postgres',
 	'one purge worker per listed database');
 ok(!$node->log_contains(qr/background worker "idempotency purge worker" \(PID \d+\) exited/, $log_offset),
 	'and none exited since the restart');
+# between runs each sleeps in its own wait event (17 and later)
+my $purge_event = idem_wait_event($node, 'IdempotencyPurgeMain');
+ok($node->poll_query_until('postgres', qq{
+		SELECT count(*) FROM pg_stat_activity
+		 WHERE backend_type = 'idempotency purge worker'
+		   AND wait_event_type = 'Extension' AND wait_event = '$purge_event'},
+		'2'),
+	"between runs the purge workers sleep in wait event $purge_event");
 
 # --- the purge worker ---------------------------------------------------
 
@@ -121,8 +133,9 @@ $waiter->query_until(qr/sent/, q{
 	SELECT status FROM idem_begin('c', 'k4', NULL);
 });
 ok($node->poll_query_until('postgres',
-		"SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event = 'Extension' AND backend_type = 'client backend'"),
-	'the duplicate sleeps');
+		"SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event_type = 'Extension' AND wait_event = '"
+		  . idem_wait_event($node, 'IdempotencyClaim') . "' AND backend_type = 'client backend'"),
+	'the duplicate sleeps (wait event ' . idem_wait_event($node, 'IdempotencyClaim') . ')');
 sleep(1);
 $node->safe_psql('postgres', "SELECT idem_finish('c', 'k4', $owner_token, '\"r\"')");
 $waiter->quit;

@@ -325,14 +325,15 @@ is($primary->safe_psql('postgres', q{SELECT count(*) FROM idem_record WHERE key 
 	'0', 'and no claim is left behind');
 
 # a cancel: the same
+my $sync_event = idem_wait_event($primary, 'IdempotencyTokenSyncRep');
 my $canceled = $primary->background_psql('postgres', on_error_stop => 0,
 	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
 send_sql($canceled, q{SELECT token FROM idem_begin('s', 'k2', NULL);});
-ok( $primary->poll_query_until('postgres', q{
+ok( $primary->poll_query_until('postgres', qq{
 		SELECT count(*) = 1 FROM pg_stat_activity
-		 WHERE wait_event_type = 'Extension' AND wait_event = 'Extension'
+		 WHERE wait_event_type = 'Extension' AND wait_event = '$sync_event'
 		   AND query LIKE '%idem_begin%'}),
-	'a claim starting an epoch waits for the standby (wait event Extension)');
+	"a claim starting an epoch waits for the standby (wait event $sync_event)");
 ok($primary->safe_psql('postgres', q{
 		SELECT pg_cancel_backend(pid) FROM pg_stat_activity
 		 WHERE wait_event_type = 'Extension' AND query LIKE '%idem_begin%'}) eq 't',
@@ -351,11 +352,11 @@ is($primary->safe_psql('postgres', q{SELECT count(*) FROM idem_record WHERE key 
 my $session = $primary->background_psql('postgres', on_error_stop => 0);
 run_sql($session, 'SET synchronous_commit = local; BEGIN;');
 send_sql($session, q{SELECT token FROM idem_begin('s', 'k2', NULL);});
-ok( $primary->poll_query_until('postgres', q{
+ok( $primary->poll_query_until('postgres', qq{
 		SELECT count(*) = 1 FROM pg_stat_activity
-		 WHERE wait_event_type = 'Extension' AND wait_event = 'Extension'
+		 WHERE wait_event_type = 'Extension' AND wait_event = '$sync_event'
 		   AND query LIKE '%idem_begin%'}),
-	'a claim in a synchronous_commit = local session waits for the standby too (wait event Extension)');
+	"a claim in a synchronous_commit = local session waits for the standby too (wait event $sync_event)");
 is($primary->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'}),
 	'0', 'not in SyncRepWaitForLSN');

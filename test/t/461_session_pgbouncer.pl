@@ -9,16 +9,21 @@
 # so there a 'session' claim behaves like a 'lease' claim:
 #
 #  1. A client claims a key through pgbouncer with takeover 'session' and
-#     a 5 s lease, then disconnects from pgbouncer.  Its server connection
-#     stays in the pool (SHOW SERVERS), still holding the session lock
-#     (class 0x494D), so the claim is NOT taken over: a duplicate in raise
-#     mode, directly or through pgbouncer, gets IK409; a duplicate waiting
-#     through pgbouncer is answered only when the lease lapses, and then
-#     takes the key over ('new', a greater token); the old token gets IK412.
+#     a 10 min lease, then disconnects from pgbouncer.  Its server
+#     connection stays in the pool (SHOW SERVERS), still holding the session
+#     lock (class 0x494D), so the claim is NOT taken over: a duplicate in
+#     raise mode, directly or through pgbouncer, gets IK409; a duplicate
+#     waiting through pgbouncer sleeps until the lease lapses (idem_renew
+#     shortens it to 1 s once the duplicate sleeps), and then takes the key
+#     over ('new', a greater token); the old token gets IK412.
 #  2. Contrast: when pgbouncer closes the pooled server connection
 #     (console RECONNECT), that session ends and a waiting duplicate takes
-#     a 'session' claim made through it over at once, long before its 60 s
-#     lease.
+#     a 'session' claim made through it over at once, long before its
+#     10 min lease.
+#
+# No verdict reads the wall clock against a guess of how fast the machine
+# is: every lease outlasts the steps that need it live, and the times the
+# test compares are the server's (lease ends, when a call returned).
 #
 # Needs the pgbouncer binary (Debian package "pgbouncer"); skipped without it.
 
@@ -106,10 +111,10 @@ sub session_locks_of
 my $client = bsession();
 my ($out, $state) = run_sql($client, q{
 	SELECT pg_backend_pid() || '|' || status || '|' || token
-	  FROM idem_begin('pb', 'k1', '\x01', lease => '5 s', takeover => 'session') b;});
+	  FROM idem_begin('pb', 'k1', '\x01', lease => '10 min', takeover => 'session') b;});
 my ($server_pid, $status, $token) = split /\|/, $out // '';
 is("$state|$status", '00000|new', 'a claim through pgbouncer with takeover session: new');
-my $lease_end = $node->safe_psql('postgres', q{
+my $first_lease_end = $node->safe_psql('postgres', q{
 	SELECT extract(epoch FROM expires_at) FROM idem_record WHERE key = 'k1'});
 is(session_locks_of($server_pid, $SESSION_LOCK), '1',
 	"the server connection that made it ($server_pid) holds the session lock");
@@ -139,20 +144,27 @@ send_sql($dup, q{
 	SELECT b.status || '|' || coalesce(b.token::text, '') || '|' ||
 	       extract(epoch FROM statement_timestamp()) || '|' || extract(epoch FROM clock_timestamp())
 	  FROM idem_begin('pb', 'k1', '\x01', 'wait') b;});
-ok( $node->poll_query_until('postgres', q{
+ok( $node->poll_query_until('postgres', qq{
 		SELECT count(*) = 1 FROM pg_stat_activity
-		 WHERE usename = 'app' AND wait_event_type = 'Extension' AND wait_event = 'Extension'}),
+		 WHERE usename = 'app' AND wait_event_type = 'Extension'
+		   AND wait_event = '@{[ idem_wait_event($node, 'IdempotencyClaim') ]}'}),
 	'a duplicate waiting through pgbouncer sleeps on the claim');
+ok(!sql_done($dup), '... and has not been answered');
+# the lease now ends in 1 s (a renew wakes the sleepers, who sleep again
+# until the new end)
+($out, $state) = run_sql($direct,
+	qq{SELECT extract(epoch FROM idem_renew('pb', 'k1', $token, '1 s'));});
+is($state, '00000', 'the claim\'s token shortens its lease to 1 s');
+my $lease_end = $out;
 ($out, $state) = wait_sql($dup);
 my ($dstatus, $dtoken, $started, $returned) = split /\|/, $out // '';
 is("$state|$dstatus", '00000|new', 'the waiting duplicate takes the key over: new');
 cmp_ok($dtoken, '>', $token, '... with a greater token');
-cmp_ok($lease_end - $started, '>', 1,
-	sprintf('the lease had %.3f s left when the duplicate started waiting', $lease_end - $started));
+cmp_ok($started, '<', $lease_end, '... it started waiting during the lease');
 cmp_ok($returned, '>=', $lease_end,
 	sprintf('it was answered only when the lease lapsed (%.3f s after its start, %.3f s after the lease end)',
 		$returned - $started, $returned - $lease_end));
-cmp_ok($returned - $lease_end, '<', 2, '... and soon after the lease end');
+cmp_ok($returned, '<', $first_lease_end, '... the shortened lease, not the first one');
 ($out, $state) = run_sql($dup, qq{SELECT idem_finish('pb', 'k1', $token, '{"by": "old token"}');});
 is($state, 'IK412', 'the old token gets IK412');
 ($out, $state) = run_sql($dup, qq{SELECT idem_finish('pb', 'k1', $dtoken, '{"by": "new owner"}');});
@@ -164,9 +176,11 @@ $dup->quit;
 $client = bsession();
 ($out, $state) = run_sql($client, q{
 	SELECT pg_backend_pid() || '|' || status || '|' || token
-	  FROM idem_begin('pb', 'k2', '\x01', lease => '60 s', takeover => 'session') b;});
+	  FROM idem_begin('pb', 'k2', '\x01', lease => '10 min', takeover => 'session') b;});
 ($server_pid, $status, $token) = split /\|/, $out // '';
-is("$state|$status", '00000|new', 'closed: a claim through pgbouncer with takeover session and a 60 s lease');
+is("$state|$status", '00000|new', 'closed: a claim through pgbouncer with takeover session and a 10 min lease');
+$lease_end = $node->safe_psql('postgres', q{
+	SELECT extract(epoch FROM expires_at) FROM idem_record WHERE key = 'k2'});
 $client->quit;
 ok(app_clients_gone(), 'closed: the client disconnected from pgbouncer');
 
@@ -176,7 +190,7 @@ send_sql($waiter, q{
 	SELECT b.status || '|' || coalesce(b.token::text, '') || '|' || extract(epoch FROM clock_timestamp())
 	  FROM idem_begin('pb', 'k2', '\x01', 'wait') b;});
 ok( $node->poll_query_until('postgres', qq{
-		SELECT wait_event = 'Extension'
+		SELECT wait_event = '@{[ idem_wait_event($node, 'IdempotencyClaim') ]}'
 		   AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'advisory'
 		                  AND l.objsubid = $SESSION_WAITER_LOCK AND l.granted)
 		  FROM pg_stat_activity a WHERE pid = $waiter_pid}),
@@ -184,15 +198,13 @@ ok( $node->poll_query_until('postgres', qq{
   or diag(sql_done($waiter) ? "it answered: $waiter->{stdout} $waiter->{stderr}" : 'it has not answered');
 ok(!sql_done($waiter), 'closed: ... while the server connection is in the pool');
 
-my $t0 = time;
 $bouncer->safe_psql('pgbouncer', 'RECONNECT', extra_params => [ '-U', 'postgres' ]);
 ($out, $state) = wait_sql($waiter);
 my ($wstatus, $wtoken, $t1) = split /\|/, $out // '';
 is("$state|$wstatus", '00000|new',
 	'closed: after pgbouncer closed the server connection (RECONNECT), the duplicate takes the key over');
 cmp_ok($wtoken, '>', $token, 'closed: ... with a greater token');
-cmp_ok($t1 - $t0, '<', 5,
-	sprintf('closed: ... %.0f ms after RECONNECT, not after the 60 s lease', 1000 * ($t1 - $t0)));
+cmp_ok($t1, '<', $lease_end, 'closed: ... during the 10 min lease, not after it');
 is($node->safe_psql('postgres', qq{SELECT count(*) FROM pg_stat_activity WHERE pid = $server_pid}),
 	'0', "closed: the server connection $server_pid is gone");
 $waiter->quit;

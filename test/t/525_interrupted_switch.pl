@@ -36,59 +36,17 @@ use Test::More;
 
 use FindBin;
 use lib $FindBin::RealBin;
-use IdemTest qw(:DEFAULT try_sql);
+use IdemTest qw(:DEFAULT try_sql :switch);
 
 my $nkeys = 2000;
 
 my $node = PostgreSQL::Test::Cluster->new('interrupted_switch');
 $node->init;
 $node->start;
-$node->safe_psql('postgres', q{
-	CREATE EXTENSION idempotency;
-	-- a trigger that slows the moves down without changing a row
-	CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
-	BEGIN
-		PERFORM pg_sleep(0.005);
-		RETURN NEW;
-	END $$;
-});
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+create_slow_row($node);
 
 sub sql { return $node->safe_psql('postgres', $_[0]); }
-
-# Is idem_durability() true of the storage?  "mode|true" or "mode|false ..."
-sub mode_truth
-{
-	return sql(q{
-		SELECT m || '|' || CASE
-		  WHEN m = 'none' THEN 'true'
-		  WHEN m = 'completed' THEN (sp = 'p' AND left_behind = 0)::text || ' ' || sp || ' ' || left_behind
-		  ELSE (rp = 'p' AND sp = 'p')::text || ' ' || rp || sp END
-		  FROM (SELECT idem_durability() AS m,
-		               (SELECT relpersistence::text FROM pg_class WHERE oid = 'idem_record'::regclass) AS rp,
-		               (SELECT relpersistence::text FROM pg_class WHERE oid = 'idem_result'::regclass) AS sp,
-		               (SELECT count(*) FROM idem_record WHERE completed_at IS NOT NULL) AS left_behind) s});
-}
-
-# A retry of every key of $op: "replays|news"; a retry that gets 'new'
-# finishes the key again.
-sub retry_all
-{
-	my ($op) = @_;
-	return sql(qq{
-		SELECT count(*) FILTER (WHERE status = 'replay') || '|' || count(*) FILTER (WHERE status = 'new')
-		  FROM (SELECT b.status,
-		               CASE WHEN b.status = 'new'
-		                    THEN idem_finish('$op', 'k' || g, b.token, '"again"') END
-		          FROM generate_series(1, $nkeys) g,
-		               LATERAL idem_begin('$op', 'k' || g, NULL) b) r});
-}
-
-sub crash
-{
-	$node->stop('immediate');
-	$node->start;
-	return;
-}
 
 my $case = 0;
 for my $dir ([ 'none', 'completed' ], [ 'completed', 'none' ])
@@ -103,11 +61,7 @@ for my $dir ([ 'none', 'completed' ], [ 'completed', 'none' ])
 			my $name = "$from -> $to, cut short at the $stage by $means";
 
 			# the starting point: $nkeys completed keys in mode $from
-			sql(qq{TRUNCATE idem_record, idem_result; SELECT idem_set_durability('$from');});
-			sql(qq{
-				SELECT count(idem_finish('$op', 'k' || g, b.token, to_jsonb(g)))
-				  FROM generate_series(1, $nkeys) g,
-				       LATERAL idem_begin('$op', 'k' || g, NULL) b});
+			complete_keys($node, $op, $from, $nkeys);
 			my $into = $to eq 'completed' ? 'idem_result' : 'idem_record';
 			sql(qq{CREATE TRIGGER slow BEFORE INSERT ON $into FOR EACH ROW EXECUTE FUNCTION slow_row();})
 			  if $stage eq 'drain';
@@ -147,13 +101,13 @@ for my $dir ([ 'none', 'completed' ], [ 'completed', 'none' ])
 				$blocker->quit;
 			}
 
-			my $truth = mode_truth();
+			my $truth = mode_truth($node);
 			my ($promised) = split /\|/, $truth;
 			like($truth, qr/\|true/, "$name: idem_durability() is true of the storage ($truth)");
 
 			sql("DROP TRIGGER IF EXISTS slow ON $into");
-			crash();
-			my ($replays, $news) = split /\|/, retry_all($op);
+			crash_restart($node);
+			my ($replays, $news) = split /\|/, retry_all($node, $op, $nkeys);
 			if ($promised eq 'completed')
 			{
 				is("$replays|$news", "$nkeys|0", "$name: after a crash every key replays (mode said 'completed')");
@@ -166,11 +120,11 @@ for my $dir ([ 'none', 'completed' ], [ 'completed', 'none' ])
 			# the next call finishes the switch
 			my ($st2, $o2, $e2) = try_sql($node, 'postgres', qq{CALL idem_set_durability_online('$to');});
 			is($st2, '00000', "$name: the next CALL succeeds") or diag($e2);
-			like(mode_truth(), qr/^\Q$to\E\|true/, "$name: the mode is now '$to', true of the storage");
+			like(mode_truth($node), qr/^\Q$to\E\|true/, "$name: the mode is now '$to', true of the storage");
 			if ($to eq 'completed')
 			{
-				crash();
-				is(retry_all($op), "$nkeys|0", "$name: after the switch and a crash every key replays");
+				crash_restart($node);
+				is(retry_all($node, $op, $nkeys), "$nkeys|0", "$name: after the switch and a crash every key replays");
 			}
 			else
 			{

@@ -29,6 +29,12 @@
 #                        how many idempotency advisory locks (classes 0x494B
 #                        and 0x494C) pg_locks shows: 0 once every claim and
 #                        wait has ended
+#   idem_wait_event($node, $name)
+#                        what pg_stat_activity.wait_event shows for the
+#                        extension's sleep named $name (IdempotencyClaim,
+#                        IdempotencyPurgeMain, IdempotencyPurgeDelay,
+#                        IdempotencyTokenSyncRep): $name on PostgreSQL 17
+#                        and later, "Extension" before
 #   token_max(@tokens)   the greatest of @tokens, compared as integers:
 #                        List::Util's max may compare them as doubles, which
 #                        cannot tell apart tokens of one epoch (above 2^53
@@ -126,13 +132,14 @@ use IPC::Run;
 use PostgreSQL::Test::Cluster ();
 use PostgreSQL::Test::Utils ();
 
-our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count token_max
+our @EXPORT = qw(send_sql sql_done wait_sql run_sql key_records idem_lock_count idem_wait_event token_max
   $IDEM_RECORDS setup_load start_load stop_load load_progressed check_load check_amcheck);
 # Not exported unless asked for: tests that predate them define subs of the
 # same names, which an import would make Perl warn about as redefined.
 our %EXPORT_TAGS = (
 	bench => [qw(try_sql claim token_of start_bench start_sweep finish_bench)],
-	pgbouncer => [qw(pgbouncer_binary start_pgbouncer stop_pgbouncer)]);
+	pgbouncer => [qw(pgbouncer_binary start_pgbouncer stop_pgbouncer)],
+	switch => [qw(create_slow_row complete_keys mode_truth retry_all crash_restart)]);
 our @EXPORT_OK = map { @$_ } values %EXPORT_TAGS;
 
 # Start $sql in session $s without waiting for it to finish.
@@ -207,6 +214,86 @@ sub idem_lock_count
 	return $node->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_locks
 		 WHERE locktype = 'advisory' AND objsubid IN (18763, 18764)});    # 0x494B, 0x494C
+}
+
+# The wait_event of the extension's sleep $name on $node's server
+sub idem_wait_event
+{
+	my ($node, $name) = @_;
+	return $node->safe_psql('postgres', 'SHOW server_version_num') >= 170000 ? $name : 'Extension';
+}
+
+# ---- the durability switch tests (525, 527): exported with :switch ----
+
+# create_slow_row($node): the trigger function slow_row(), which slows a
+# move into the table it is on (5 ms a row) without changing a row
+sub create_slow_row
+{
+	my ($node) = @_;
+	$node->safe_psql('postgres', q{
+		CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			PERFORM pg_sleep(0.005);
+			RETURN NEW;
+		END $$;});
+	return;
+}
+
+# complete_keys($node, $op, $mode, $nkeys): empty both tables, switch to
+# $mode and complete keys k1 .. k$nkeys of $op (the response: the number)
+sub complete_keys
+{
+	my ($node, $op, $mode, $nkeys) = @_;
+	$node->safe_psql('postgres', qq{
+		TRUNCATE idem_record, idem_result;
+		SELECT idem_set_durability('$mode');
+		SELECT count(idem_finish('$op', 'k' || g, b.token, to_jsonb(g)))
+		  FROM generate_series(1, $nkeys) g,
+		       LATERAL idem_begin('$op', 'k' || g, NULL) b;});
+	return;
+}
+
+# mode_truth($node): is idem_durability() true of the storage?  "mode|true"
+# or "mode|false ...": 'completed' needs idem_result logged and no completed
+# record left in an unlogged idem_record; 'all' both tables logged
+sub mode_truth
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres', q{
+		SELECT m || '|' || CASE
+		  WHEN m = 'none' THEN 'true'
+		  WHEN m = 'completed' THEN (sp = 'p' AND left_behind = 0)::text || ' ' || sp || ' ' || left_behind
+		  ELSE (rp = 'p' AND sp = 'p')::text || ' ' || rp || sp END
+		  FROM (SELECT idem_durability() AS m,
+		               (SELECT relpersistence::text FROM pg_class WHERE oid = 'idem_record'::regclass) AS rp,
+		               (SELECT relpersistence::text FROM pg_class WHERE oid = 'idem_result'::regclass) AS sp,
+		               (SELECT count(*) FROM idem_record
+		                 WHERE completed_at IS NOT NULL
+		                   AND (SELECT relpersistence FROM pg_class WHERE oid = 'idem_record'::regclass) = 'u')
+		                 AS left_behind) s});
+}
+
+# retry_all($node, $op, $nkeys): a retry of keys k1 .. k$nkeys of $op:
+# "replays|news"; a retry that gets 'new' finishes the key again
+sub retry_all
+{
+	my ($node, $op, $nkeys) = @_;
+	return $node->safe_psql('postgres', qq{
+		SELECT count(*) FILTER (WHERE status = 'replay') || '|' || count(*) FILTER (WHERE status = 'new')
+		  FROM (SELECT b.status,
+		               CASE WHEN b.status = 'new'
+		                    THEN idem_finish('$op', 'k' || g, b.token, '"again"') END
+		          FROM generate_series(1, $nkeys) g,
+		               LATERAL idem_begin('$op', 'k' || g, NULL) b) r});
+}
+
+# crash_restart($node): an immediate shutdown, then a start (crash recovery)
+sub crash_restart
+{
+	my ($node) = @_;
+	$node->stop('immediate');
+	$node->start;
+	return;
 }
 
 # The greatest token of a list, compared as integers (Perl's > on two
