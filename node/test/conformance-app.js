@@ -37,6 +37,14 @@ async function createApp(s) {
 			await handlers.query('SELECT pg_advisory_xact_lock_shared(4242, $1)', [b.hold]);
 		}
 		await handlers.query(`INSERT INTO conformance_runs VALUES ($1, 'handler')`, [key]);
+		if (Number.isInteger(b.hold_after)) {
+			// only a pause after the effect: a restart ends the wait, and the
+			// handler goes on once the server answers again
+			const waited = await handlers.query('SELECT pg_advisory_xact_lock_shared(4242, $1)', [b.hold_after]).then(() => true, () => false);
+			while (!waited && !await handlers.query('SELECT 1').then(() => true, () => false)) {
+				await new Promise((resolve) => setTimeout(resolve, 50));
+			}
+		}
 		let status = 201;
 		let body;
 		if (b.answer === undefined) {
@@ -93,7 +101,35 @@ async function createApp(s) {
 	app.use((err, req, res, next) => {
 		res.status(500).json({ error: err.message });
 	});
+	// connect before the first request (cases.json, "app", "start")
+	await Promise.all([claims.query('SELECT 1'), handlers.query('SELECT 1')]);
 	return { app, close: () => down.end().catch(() => {}) };
 }
 
 module.exports = { createApp };
+
+// Run as a process of its own (the runner's 'process_cases'): serve the app
+// on 127.0.0.1 for the database PGDATABASE of the server the libpq
+// environment names; print the port once the app listens.
+if (require.main === module) {
+	(async () => {
+		const pools = [];
+		const s = {
+			name: process.env.PGDATABASE,
+			pool(options) {
+				const p = new pg.Pool({ database: process.env.PGDATABASE, ...options });
+				p.on('error', () => {});
+				pools.push(p);
+				return p;
+			},
+		};
+		const { app } = await createApp(s);
+		const server = app.listen(0, '127.0.0.1', () => {
+			process.stdout.write(`${server.address().port}\n`);
+		});
+		process.on('SIGTERM', () => process.exit(0));
+	})().catch((err) => {
+		console.error(err);
+		process.exit(1);
+	});
+}

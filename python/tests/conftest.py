@@ -121,6 +121,13 @@ class Server:
 
 @pytest.fixture
 def own_server() -> Iterator[Server]:
+    """A throwaway server for a test that restarts it (:func:`own_server_running`)."""
+    with own_server_running() as server:
+        yield server
+
+
+@contextlib.contextmanager
+def own_server_running() -> Iterator[Server]:
     """A throwaway server (initdb in a temporary directory, a Unix socket
     there, no TCP) for a test that restarts it; ``PG_BINDIR`` names the
     binaries of the installation that has the extension."""

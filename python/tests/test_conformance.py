@@ -6,10 +6,14 @@ requests; every case also counts the handler's runs in the database."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,7 +22,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from conftest import DEADLINE_S, serve
+from conftest import DEADLINE_S, Server, own_server_running, serve
 from fastapi import FastAPI
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
@@ -40,6 +44,7 @@ class Body(BaseModel):
     customer: str
     amount: int
     hold: int | None = None
+    hold_after: int | None = None
     answer: int | str | None = None
     style: str | None = None
 
@@ -84,11 +89,39 @@ def make_app(db: str) -> FastAPI:
     def down_coordinator() -> idem.AsyncCoordinator:
         return coordinators["down"]
 
+    @contextlib.asynccontextmanager
+    async def app_connection() -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A working connection of the handlers' pool: one a server restart
+        ended is discarded (psycopg_pool 3.1 has no check=)."""
+        for _ in range(3):
+            async with pools["app"].connection() as conn:
+                try:
+                    await conn.execute("SELECT 1")
+                except psycopg.OperationalError:
+                    continue
+                yield conn
+                return
+        raise RuntimeError("no working connection in the handlers' pool")
+
     async def handler(body: Body, key: str | None) -> Any:
-        async with pools["app"].connection() as conn:
+        async with app_connection() as conn:
             if body.hold is not None:
                 await conn.execute("SELECT pg_advisory_xact_lock_shared(4242, %s::int)", (body.hold,))
             await conn.execute("INSERT INTO conformance_runs VALUES (%s::text, 'handler')", (key or "",))
+        if body.hold_after is not None:
+            # only a pause after the effect: a restart ends the wait, and the
+            # handler goes on once the server answers again
+            try:
+                async with app_connection() as conn:
+                    await conn.execute("SELECT pg_advisory_xact_lock_shared(4242, %s::int)", (body.hold_after,))
+            except psycopg.Error:
+                while True:
+                    try:
+                        async with await psycopg.AsyncConnection.connect(conninfo(db, "conformance-app")) as conn:
+                            await conn.execute("SELECT 1")
+                        break
+                    except psycopg.Error:
+                        await asyncio.sleep(0.05)
         if body.answer is None:
             return Response(json_bytes({"zeta": "last", "id": f"ch_{key}", "amount": body.amount,
                                         "alpha": "first"}), 201,
@@ -102,7 +135,7 @@ def make_app(db: str) -> FastAPI:
         return Response(json_bytes({"error": "answer", "status": status}), status, media_type="application/json")
 
     async def recover(state: Any, body: Body, *, idempotency_key: str) -> Response:
-        async with pools["app"].connection() as conn:
+        async with app_connection() as conn:
             await conn.execute("INSERT INTO conformance_runs VALUES (%s::text, 'recover')", (idempotency_key,))
         return Response(json_bytes({"recovered": state}), 200, media_type="application/json")
 
@@ -136,6 +169,14 @@ class Served:
     dbname: str
     named: dict[str, httpx.Response] = field(default_factory=dict)
     started: dict[str, Future[httpx.Response]] = field(default_factory=dict)
+    #: the process cases': the server of the runner's own, the app's process
+    own: Server | None = None
+    app: subprocess.Popen[bytes] | None = None
+
+    def connect(self, application: str) -> psycopg.Connection[Any]:
+        server = "" if self.own is None else self.own.conninfo
+        return psycopg.connect(psycopg.conninfo.make_conninfo(server, dbname=self.dbname,
+                                                              application_name=application), autocommit=True)
 
 
 @pytest.fixture(scope="module")
@@ -209,6 +250,9 @@ def run_step(s: Served, step: dict[str, Any], pool: ThreadPoolExecutor) -> None:
             s.named[step["as"]] = r
     elif "start" in step:
         s.started[step["as"]] = pool.submit(send, s, step["start"])
+    elif "await" in step and expect.get("no_answer"):
+        with pytest.raises(httpx.TransportError):
+            s.started.pop(step["await"]).result(timeout=60)
     elif "await" in step:
         r = s.started.pop(step["await"]).result(timeout=60)
         s.named[step["await"]] = r
@@ -230,9 +274,20 @@ def run_step(s: Served, step: dict[str, Any], pool: ThreadPoolExecutor) -> None:
         s.db.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
                      " WHERE datname = current_database() AND application_name = 'conformance-claims'")
     elif "sql_session" in step:
-        with psycopg.connect(conninfo(s.dbname, "conformance-sql"), autocommit=True) as conn:
+        with s.connect("conformance-sql") as conn:
             for statement in step["sql_session"]:
                 conn.execute(statement)
+    elif "restart_server" in step:
+        assert s.own is not None, "restart_server is a step of the process cases"
+        s.own.restart()
+        s.db.close()
+        s.gates.close()
+        s.db, s.gates = s.connect("conformance-runner"), s.connect("conformance-gates")
+    elif "kill_app" in step:
+        assert s.app is not None, "kill_app is a step of the process cases"
+        s.app.kill()
+        s.app.wait(DEADLINE_S)
+        s.app, s.base = start_app(s)
     else:
         pytest.fail(f"a step this runner does not know: {step}")
 
@@ -248,3 +303,75 @@ def test_case(served: Served, case: dict[str, Any]) -> None:
             row = served.db.execute("SELECT count(*) FROM conformance_runs WHERE key = %s AND kind = %s",
                                     (key, kind)).fetchone()
             assert row is not None and row[0] == kinds.get(kind, 0), f"runs of {key!r} ({kind})"
+
+
+# ---------------------------------------------------------- the process cases
+
+def start_app(s: Served) -> tuple[subprocess.Popen[bytes], str]:
+    """This file's app in a process of its own (uvicorn, as ``__main__``
+    below runs it), for the database of ``s`` on its own server."""
+    assert s.own is not None
+    host = psycopg.conninfo.conninfo_to_dict(s.own.conninfo)["host"]
+    env = dict(os.environ, PGHOST=str(host), PGPORT="5432", PGDATABASE=s.dbname)
+    proc = subprocess.Popen([sys.executable, __file__, s.dbname], env=env, stdout=subprocess.PIPE,
+                            cwd=os.path.dirname(__file__))
+    assert proc.stdout is not None
+    port = proc.stdout.readline().decode().strip()
+    assert port, f"the app did not start (exit status {proc.wait(DEADLINE_S)})"
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60      # importing FastAPI on a loaded machine takes a while
+    while True:
+        try:
+            httpx.get(base + "/", timeout=5)
+            return proc, base
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the app did not start (exit status {proc.poll()})")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def own_served() -> Iterator[Served]:
+    """A server of the runner's own (it is restarted) with the app's schema
+    in a database of its own; the app is started by each case."""
+    with own_server_running() as own:
+        with psycopg.connect(own.conninfo, autocommit=True) as admin:
+            admin.execute("CREATE DATABASE conformance")
+
+        def connect(application: str) -> psycopg.Connection[Any]:
+            return psycopg.connect(psycopg.conninfo.make_conninfo(own.conninfo, dbname="conformance",
+                                                                  application_name=application), autocommit=True)
+        served = Served("", connect("conformance-runner"), connect("conformance-gates"), "conformance", own=own)
+        for statement in CASES["app"]["schema"]:
+            served.db.execute(statement)
+        try:
+            yield served
+        finally:
+            served.db.close()
+            served.gates.close()
+
+
+@pytest.mark.parametrize("case", CASES["process_cases"], ids=[c["name"] for c in CASES["process_cases"]])
+def test_process_case(own_served: Served, case: dict[str, Any]) -> None:
+    s = own_served
+    s.app, s.base = start_app(s)
+    try:
+        test_case(s, case)
+    finally:
+        s.app.terminate()
+        s.app.wait(DEADLINE_S)
+        s.app = None
+
+
+if __name__ == "__main__":
+    # the app of the process cases: serve make_app(argv[1]) on 127.0.0.1 and
+    # print the port (the libpq environment names the server)
+    import socket
+
+    import uvicorn  # type: ignore[import]
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(sock.getsockname()[1], flush=True)
+    uvicorn.Server(uvicorn.Config(make_app(sys.argv[1]), log_level="warning", lifespan="on")).run(sockets=[sock])
