@@ -22,9 +22,11 @@ expect() {
 	say "ok: $1 = $3"
 }
 
-# new_db NAME OWNER: a new database owned by OWNER (no superuser)
+# new_db NAME OWNER: a new database owned by OWNER (no superuser), from
+# template0 (the Python part of test/portable/run installs pg_tle and the
+# edition in template1)
 new_db() {
-	q -d postgres -c "DROP DATABASE IF EXISTS $1" -c "CREATE DATABASE $1 OWNER $2"
+	q -d postgres -c "DROP DATABASE IF EXISTS $1" -c "CREATE DATABASE $1 OWNER $2 TEMPLATE template0"
 }
 
 # install_pgtle DB: the pg_tle install, as on RDS: a superuser creates
