@@ -208,6 +208,12 @@ missing_packages() {
 	# nodejs and npm; a node from elsewhere, such as NodeSource's, does too)
 	command -v node >/dev/null 2>&1 || echo nodejs
 	command -v npm >/dev/null 2>&1 || echo npm
+	# the portable suite builds pg_tle (test/pgtle/install, which installs
+	# them too where it runs alone, as in the chroots): flex for its copy
+	# of the configuration file scanner, the Kerberos headers that
+	# PostgreSQL's libpq-be.h includes
+	command -v flex >/dev/null 2>&1 || echo flex
+	pkg_installed libkrb5-dev || echo libkrb5-dev
 	# commands a mode needs besides: "command:package" pairs
 	local need
 	for need in ${EXTRA_COMMANDS:-}; do
