@@ -16,6 +16,9 @@
 #include "args.h"
 #include "catalog.h"
 #include "citus.h"
+#include "citus_guard.h"
+#include "citus_locks.h"
+#include "citus_tokens.h"
 #include "counters.h"
 #include "idempotency.h"
 #include "publication.h"
@@ -44,7 +47,12 @@ _PG_init(void)
 	idem_publication_init();	/* publish_records */
 	idem_counters_init();		/* shared memory, when preloaded */
 	idem_shape_init();			/* the cache of the tables' shapes */
-	idem_citus_init();			/* the guard in front of Citus's planner */
+	if (idem_citus_loaded())	/* before this library, as it must be */
+	{
+		idem_citus_tokens_init();	/* shared memory, when preloaded */
+		idem_citus_guard_init();	/* the guard in front of Citus's planner */
+		idem_citus_locks_init();	/* forget a shard lock given back */
+	}
 	idem_roles_init();			/* records through role renames and drops */
 
 	/*

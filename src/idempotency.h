@@ -28,8 +28,13 @@
  *	  restore.c      the triggers that settle a restored dump
  *	  publication.c  the guard against publications of the tables
  *	  purge.c        idem_purge(), and the background workers
- *	  citus.c        a Citus cluster: which node's table or shard holds a
- *	                 key's record, and what Citus must be told of a write
+ *	  citus.c        a Citus cluster: the records' layout, from its catalogs
+ *	  citus_route.c  which node's table or shard holds a key's record, and
+ *	                 what Citus must be told of a write
+ *	  citus_locks.c  Citus's shard metadata lock, given back while a
+ *	                 duplicate sleeps
+ *	  citus_guard.c  the planner hook that refuses a NULL key or tenant
+ *	  citus_tokens.c fencing tokens above every other node's
  *	  sql.c          SPI statements on the extension's own tables
  *	  stats.c        idem_inspect, idem_stats: the records as a DBA sees them
  *	  counters.c     server-wide counters in shared memory

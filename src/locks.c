@@ -71,7 +71,7 @@
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
 
-#include "citus.h"
+#include "citus_locks.h"
 #include "idempotency.h"
 #include "locks.h"
 #include "store.h"

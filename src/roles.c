@@ -53,7 +53,7 @@
 #include "utils/rel.h"
 #include "utils/syscache.h"
 
-#include "citus.h"
+#include "citus_route.h"
 #include "idempotency.h"
 #include "roles.h"
 

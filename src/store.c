@@ -44,6 +44,8 @@
 #include "args.h"
 #include "catalog.h"
 #include "citus.h"
+#include "citus_locks.h"
+#include "citus_route.h"
 #include "idempotency.h"
 #include "shape.h"
 #include "store.h"

@@ -110,7 +110,7 @@
 #include "utils/timestamp.h"
 
 #include "catalog.h"
-#include "citus.h"
+#include "citus_tokens.h"
 #include "idempotency.h"
 #include "locks.h"
 #include "store.h"

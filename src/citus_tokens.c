@@ -1,0 +1,234 @@
+/*-------------------------------------------------------------------------
+ *
+ * citus_tokens.c
+ *	  Fencing tokens across the nodes of a Citus cluster.
+ *
+ * A node draws a key's tokens from its own
+ * sequences (tokens.c), and those of two nodes are unrelated: after a
+ * shard moves, its keys' next tokens come from another node's counter,
+ * which may be behind the one that issued their earlier tokens -- and a
+ * key whose record was deleted (idem_abort, idem_forget, the purge) has
+ * no record whose token the next claim could go above.  So before a node
+ * issues a token for a shard that came to it since it last looked, it
+ * starts an epoch above the epoch of every other node of the cluster
+ * (idem_citus_other_epochs): every token a node issued before that is
+ * below the new epoch's first.
+ *
+ * "Came since it last looked": the placement's row on this node was
+ * written (by the move's switch, after the source node issued its last
+ * token for the shard) by a transaction not older than the transaction
+ * counter's value when the node last began to read the epochs.  The node
+ * keeps that value in shared memory, per database (and each backend its
+ * own, which is enough without shared memory); it reads the epochs again
+ * after a restart, and when the value is a billion transactions old.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/relation.h"
+#include "access/transam.h"
+#include "access/xlog.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+
+#include "citus.h"
+#include "citus_tokens.h"
+
+#define SYNC_SLOTS 16
+#define SYNC_MAX_AGE (UINT64CONST(1) << 30)
+
+typedef struct TokenSync
+{
+	slock_t		mutex;
+	Oid			database[SYNC_SLOTS];
+	FullTransactionId synced[SYNC_SLOTS];
+} TokenSync;
+
+static TokenSync *token_sync = NULL;
+static FullTransactionId backend_synced = {0};
+static shmem_request_hook_type prev_shmem_request = NULL;
+static shmem_startup_hook_type prev_shmem_startup = NULL;
+
+static void
+token_sync_request(void)
+{
+	if (prev_shmem_request != NULL)
+		prev_shmem_request();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(TokenSync)));
+}
+
+static void
+token_sync_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup != NULL)
+		prev_shmem_startup();
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	token_sync = ShmemInitStruct("idempotency token sync", sizeof(TokenSync), &found);
+	if (!found)
+	{
+		memset(token_sync, 0, sizeof(TokenSync));
+		SpinLockInit(&token_sync->mutex);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* When this node (or backend) began its last read of every node's epochs, for this database */
+static FullTransactionId
+last_synced(void)
+{
+	FullTransactionId synced = backend_synced;
+
+	if (token_sync != NULL)
+	{
+		SpinLockAcquire(&token_sync->mutex);
+		for (int i = 0; i < SYNC_SLOTS; i++)
+			if (token_sync->database[i] == MyDatabaseId &&
+				FullTransactionIdFollows(token_sync->synced[i], synced))
+				synced = token_sync->synced[i];
+		SpinLockRelease(&token_sync->mutex);
+	}
+	return synced;
+}
+
+/* The read of every node's epochs that began at before is done */
+void
+idem_citus_tokens_synced(FullTransactionId before)
+{
+	if (FullTransactionIdFollows(before, backend_synced))
+		backend_synced = before;
+	if (token_sync == NULL)
+		return;
+	SpinLockAcquire(&token_sync->mutex);
+	for (int i = 0; i < SYNC_SLOTS; i++)
+	{
+		if (token_sync->database[i] == MyDatabaseId || token_sync->database[i] == InvalidOid)
+		{
+			token_sync->database[i] = MyDatabaseId;
+			if (FullTransactionIdFollows(before, token_sync->synced[i]))
+				token_sync->synced[i] = before;
+			break;
+		}
+	}
+	SpinLockRelease(&token_sync->mutex);
+}
+
+/* Must a token for the key's shard (idem_citus_route's *locked) wait for a read of every node's epoch? */
+bool
+idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid)
+{
+	RouteCache *rc = idem_citus_layout(objects);
+	FullTransactionId synced = last_synced();
+	FullTransactionId next = ReadNextFullTransactionId();
+
+	if (rc == NULL || !rc->distributed)
+		return false;
+	if (!FullTransactionIdIsValid(synced) ||
+		U64FromFullTransactionId(next) - U64FromFullTransactionId(synced) > SYNC_MAX_AGE)
+		return true;
+	for (int i = 0; i < rc->nshards; i++)
+	{
+		TransactionId xmin = rc->shards[i].placed_xmin;
+
+		if (rc->shards[i].shardid != shardid)
+			continue;
+		return TransactionIdIsNormal(xmin) &&
+			!TransactionIdPrecedes(xmin, XidFromFullTransactionId(synced));
+	}
+	return true;
+}
+
+/*
+ * The greatest epoch recorded in epoch_seq (its last value, bits of the
+ * epoch only: mask) on the other nodes of the cluster, 0 if none; as the
+ * sequence's owner, the extension's, over Citus's connections to every
+ * node.  Refused (08006) if a node cannot be read: its epoch might be the
+ * greatest.
+ */
+int64
+idem_citus_other_epochs(Oid epoch_seq, int64 mask)
+{
+	Relation	seq = relation_open(epoch_seq, AccessShareLock);
+	Oid			owner = seq->rd_rel->relowner;
+	char	   *name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(seq)),
+												  RelationGetRelationName(seq));
+	Oid			save_userid;
+	int			save_sec_context;
+	int64		greatest = 0;
+	StringInfoData query;
+
+	relation_close(seq, NoLock);
+	initStringInfo(&query);
+	appendStringInfo(&query,
+					 "SELECT n.success, n.result FROM pg_catalog.run_command_on_all_nodes(%s) n",
+					 quote_literal_cstr(psprintf("SELECT (SELECT system_identifier FROM pg_catalog.pg_control_system()) "
+												 "OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) last_value FROM %s",
+												 name)));
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		int64		self = (int64) GetSystemIdentifier();
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (SPI_execute(query.data, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not read the token epochs of the Citus nodes");
+		for (uint64 i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+			bool		success = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i],
+															 SPI_tuptable->tupdesc, 1, &isnull));
+			char	   *result = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+			char	   *colon = result != NULL ? strchr(result, ':') : NULL;
+			int64		node;
+			int64		epoch;
+
+			if (!success || colon == NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_CONNECTION_FAILURE),
+						 errmsg("could not read the fencing token epoch of every Citus node"),
+						 errdetail("A node answered: %s", result != NULL ? result : "(nothing)"),
+						 errhint("A node that holds a shard that came to it since it last read them reads every node's epoch before it issues a token; retry when every node is up.")));
+			*colon = '\0';
+			node = pg_strtoint64(result);
+			epoch = pg_strtoint64(colon + 1) & mask;
+			if (node != self && epoch > greatest)
+				greatest = epoch;
+		}
+		SPI_finish();
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
+	PG_END_TRY();
+	return greatest;
+}
+
+/*
+ * Called from _PG_init where Citus is loaded (first in
+ * shared_preload_libraries, as it must be): reserve the token sync's
+ * shared memory, when this library is preloaded too
+ */
+void
+idem_citus_tokens_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+	prev_shmem_request = shmem_request_hook;
+	shmem_request_hook = token_sync_request;
+	prev_shmem_startup = shmem_startup_hook;
+	shmem_startup_hook = token_sync_startup;
+}
