@@ -65,6 +65,8 @@ my $SESSION_ANCHOR_LOCK = 18767;    # 0x494F: the session's second lock
 my $admin = $node->background_psql('postgres', on_error_stop => 0);
 my $waiter = $node->background_psql('postgres', on_error_stop => 0);
 my ($waiter_pid) = run_sql($waiter, 'SELECT pg_backend_pid();');
+# the wait event of a duplicate asleep on a claim
+my $claim_event = idem_wait_event($node, 'IdempotencyClaim');
 
 # Run $sql in the admin session until it returns 't' (5 ms apart), or
 # timeout_default: true if it did.
@@ -121,7 +123,7 @@ sub start_waiter
 	return;
 }
 
-# Is the waiter asleep on a committed claim (wait event Extension), and
+# Is the waiter asleep on a committed claim (wait event $claim_event), and
 # registered as a waiter on the claimant's session (share lock, class
 # 0x494E)?  $session_waiter: whether it should hold that lock.
 sub waiter_sleeps
@@ -129,7 +131,7 @@ sub waiter_sleeps
 	my ($session_waiter) = @_;
 	my $cmp = $session_waiter ? '= 1' : '= 0';
 	return poll_admin(qq{
-		SELECT a.wait_event_type = 'Extension' AND a.wait_event = 'Extension'
+		SELECT a.wait_event_type = 'Extension' AND a.wait_event = '$claim_event'
 		   AND (SELECT count(*) FROM pg_locks l
 		         WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.objsubid = $SESSION_WAITER_LOCK
 		           AND l.mode = 'AccessShareLock' AND l.granted) $cmp
