@@ -33,8 +33,10 @@ chroot_dist() {
 }
 
 # chroot_packages VERSION: what the suites need inside (test/lib.sh
-# missing_packages is the list for the host), plus the Debian packaging
-# tools for test/package/run.
+# missing_packages is the list for the host), the Debian packaging tools
+# for test/package/run, and the build dependencies of pg_tle and Citus
+# (test/pgtle/install, test/citus/install), so that a run finds them all
+# in the chroot it made (in the background, chroot_prepare_bg).
 chroot_packages() {
 	local v=$1 mod python=""
 	# the python suite's packages (test/lib.sh PYTHON_MODULES)
@@ -43,6 +45,9 @@ chroot_packages() {
 	done
 	echo "postgresql-$v postgresql-server-dev-$v postgresql-$v-repack" \
 		"make gcc libc6-dev libpq-dev perl libipc-run-perl pgbouncer nodejs npm" \
+		"locales-all prometheus-postgres-exporter curl prometheus" \
+		"flex libkrb5-dev autoconf liblz4-dev libzstd-dev libcurl4-openssl-dev" \
+		"libselinux1-dev libxslt1-dev libpam0g-dev libreadline-dev libicu-dev" \
 		"build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all$python"
 }
 
@@ -117,6 +122,45 @@ chroot_create() {
 	info "pg$v: chroot ready in $(( SECONDS - t0 )) s ($(du -sh "$c" | cut -f1))"
 }
 
+# chroot_prepare_bg VERSION...: make the chroots of VERSION... that are
+# missing or out of date, one after the other, in a background job, while
+# the host's version runs its suites (mmdebstrap mostly waits on the network
+# and the disk).  Each is made under its lock, so chroot_acquire waits for
+# the one being made and finds it ready; one the job failed to make,
+# chroot_acquire tries again and reports.  The job's output goes to
+# $IDEM_CHROOT_DIR/prepare.log, shown by chroot_prepare_log; end_children
+# ends it with the run.
+CHROOT_PREPARE_LOG=""
+chroot_prepare_bg() {
+	local v
+	local -a todo=()
+	for v in "$@"; do
+		chroot_ready "$v" || todo+=("$v")
+	done
+	(( ${#todo[@]} > 0 )) || return 0
+	mkdir -p "$IDEM_CHROOT_DIR"
+	CHROOT_PREPARE_LOG=$IDEM_CHROOT_DIR/prepare.log
+	info "making the chroot(s) for PostgreSQL ${todo[*]} in the background (log $CHROOT_PREPARE_LOG)"
+	# appended to: chroot_prepare_log empties it while the job writes
+	: >"$CHROOT_PREPARE_LOG"
+	(
+		for v in "${todo[@]}"; do
+			exec {CHROOT_LOCK_FD}>"$IDEM_CHROOT_DIR/chroot-$v.lock"
+			flock "$CHROOT_LOCK_FD"
+			chroot_ready "$v" || chroot_create "$v"
+			exec {CHROOT_LOCK_FD}>&-
+		done
+	) >>"$CHROOT_PREPARE_LOG" 2>&1 </dev/null &
+}
+
+# chroot_prepare_log: what the background job printed (once it is done
+# with the chroot this run now holds).
+chroot_prepare_log() {
+	[[ -n $CHROOT_PREPARE_LOG && -s $CHROOT_PREPARE_LOG ]] || return 0
+	sed 's/^/  (background) /' "$CHROOT_PREPARE_LOG"
+	: >"$CHROOT_PREPARE_LOG"
+}
+
 # chroot_acquire VERSION: lock the chroot (waiting for another run), make
 # it if needed, mount /proc and /dev/shm.  Sets CHROOT_ROOT.
 chroot_acquire() {
@@ -128,6 +172,7 @@ chroot_acquire() {
 		info "pg$v: waiting for another run to release $c"
 		flock "$CHROOT_LOCK_FD"
 	fi
+	chroot_prepare_log
 	if [[ ${IDEM_CHROOT_REFRESH:-0} == 1 ]] || ! chroot_ready "$v"; then
 		chroot_create "$v" || return 1
 	fi
