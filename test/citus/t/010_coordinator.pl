@@ -13,7 +13,9 @@
 #  - the coordinator killed at its commit, before its commit record (the
 #    worker's PREPARE held up by a deferred trigger on the shard), and
 #    after it (the commit waiting for a synchronous standby that never
-#    comes); a worker killed at its commit; a worker stopped; a worker
+#    comes); a commit whose COMMIT PREPARED never reaches its worker,
+#    settled by Citus's maintenance daemon at its default interval while a
+#    retry replays; a worker killed at its commit; a worker stopped; a worker
 #    added and the shards rebalanced onto it: each time the charge happens
 #    once, counted per key, and every finished key replays.
 #
@@ -353,6 +355,44 @@ SKIP:
 	is(charges('slow-2'), '1', 'slow-2: charged once');
 }
 
+# ---- in doubt until Citus settles it by itself ----
+#
+# The coordinator commits, but its COMMIT PREPARED never reaches the worker
+# (the worker's backends of Citus's connections end while the commit waits
+# for a synchronous standby, after its commit record): the client's COMMIT
+# succeeds with Citus's warning, and the worker keeps the prepared
+# transaction until the coordinator's maintenance daemon settles it, every
+# citus.recover_2pc_interval (here its default, one minute).  Meanwhile a
+# retry replays (the record is the coordinator's, committed) and charges
+# nothing; the charge is unseen until Citus commits it, then counted once.
+
+SKIP:
+{
+	skip $no_commit, 7 unless $two_phase;
+	$coord->adjust_conf('postgresql.conf', 'citus.recover_2pc_interval', "'1min'");
+	$coord->adjust_conf('postgresql.conf', 'synchronous_standby_names', "'nobody'");
+	$coord->restart;
+	$s = start_charge('doubt-1', $merchant{worker2});
+	wait_event($coord, 'SyncRep', 1);
+	is(prepared($w2), '1', 'doubt-1: the worker has prepared, the coordinator waits after its commit record');
+	$w2->safe_psql('postgres', q{
+		SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		 WHERE application_name LIKE 'citus_internal%' AND pid <> pg_backend_pid()});
+	$coord->adjust_conf('postgresql.conf', 'synchronous_standby_names', "''");
+	$coord->reload;
+	my ($out, undef, $cerr) = wait_sql($s);
+	$s->quit;
+	like("$out|$cerr", qr/new\|.*failed to commit transaction on/s,
+		"doubt-1: the client's commit succeeds, with Citus's warning that the worker's did not");
+	is(prepared($w2), '1', 'doubt-1: the worker still holds the prepared transaction');
+	is(replay('doubt-1', $merchant{worker2}), 'replay|{"charged": true}',
+		'doubt-1: a retry meanwhile replays (the coordinator committed)');
+	is(charges('doubt-1'), '0', 'doubt-1: the charge is unseen meanwhile');
+	ok($w2->poll_query_until('postgres', 'SELECT count(*) = 0 FROM pg_prepared_xacts'),
+		"doubt-1: Citus's maintenance daemon commits it at its default interval");
+	is(charges('doubt-1'), '1', 'doubt-1: charged once');
+}
+
 # ---- a worker is down ----
 
 charge_new('down-done', $merchant{worker2}, 'charged before the worker stops');
@@ -391,10 +431,10 @@ charge_new('after-rebalance', $merchant{worker1}, 'a new key is charged');
 # ---- every key: charged once, replayed from the coordinator ----
 
 # without two phases the keys of the kills at commit were refused, never charged
-my @keys = $two_phase ? qw(plain-1 slow-1 sync-1 slow-2 down-done down-1 after-rebalance)
+my @keys = $two_phase ? qw(plain-1 slow-1 sync-1 slow-2 doubt-1 down-done down-1 after-rebalance)
   : qw(plain-1 down-done down-1 after-rebalance);
 my %m = ('plain-1' => 'worker1', 'slow-1' => 'worker1', 'sync-1' => 'worker2',
-	'slow-2' => 'worker1', 'down-done' => 'worker2', 'down-1' => 'worker2',
+	'slow-2' => 'worker1', 'doubt-1' => 'worker2', 'down-done' => 'worker2', 'down-1' => 'worker2',
 	'after-rebalance' => 'worker1');
 is($coord->safe_psql('postgres', q{
 	SELECT string_agg(key || ':' || n, ' ' ORDER BY key)
