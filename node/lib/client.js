@@ -101,11 +101,35 @@ const RETRY_AFTER = {
 	                                      extract(epoch FROM lease_until - clock_timestamp()))))::int AS seconds
 	         FROM idem_inspect($1, $2) WHERE lease_until IS NOT NULL`,
 };
-const SET_TIMEOUT = {
-	name: 'idem_set_timeout',
-	text: `SELECT current_setting('statement_timeout') AS previous, set_config('statement_timeout', $1, false)`,
-};
-const RESTORE_TIMEOUT = { name: 'idem_restore_timeout', text: `SELECT set_config('statement_timeout', $1, false)` };
+// A claim with a waitTimeout: one simple-protocol string, which PostgreSQL
+// runs as one implicit transaction, so the setting (local to it) ends with
+// it, committed or not, and the connection keeps its own statement_timeout.
+// PostgreSQL arms statement_timeout for each statement of the string as it
+// starts, so the claim runs under the new one.  One round trip where a SET,
+// the claim and a RESET would take three; the values are in the text as
+// literals (sqlLiteral), since the simple protocol has no parameters.
+const WAIT_PREFIX = 'SELECT set_config(\'statement_timeout\', $0, true);\n';
+
+// a value as an SQL literal: text (backslashes doubled, with E''), a
+// Buffer as decode('<hex>', 'hex'), or NULL
+function sqlLiteral(value) {
+	if (value === null || value === undefined) {
+		return 'NULL';
+	}
+	if (Buffer.isBuffer(value)) {
+		return `decode('${value.toString('hex')}', 'hex')`;
+	}
+	const text = String(value);
+	const quoted = `'${text.replace(/'/g, "''").replace(/\\/g, '\\\\')}'`;
+	return text.includes('\\') ? `E${quoted}` : quoted;
+}
+
+// the claim's statement under waitTimeout (ms): its text with the values
+// in place of $1..$n
+function waitingStatement(statement, waitTimeout) {
+	const values = [String(waitTimeout), ...statement.values];
+	return (WAIT_PREFIX + statement.text).replace(/\$(\d+)/g, (_, n) => sqlLiteral(values[Number(n)]));
+}
 
 // The finish, and the effect's statement in the same statement (so in one
 // transaction): `WITH effect AS (INSERT ...) SELECT idem_finish(...)`.  The
@@ -189,19 +213,17 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // idem_begin on conn, under statement_timeout = waitTimeout (ms) if given,
 // retried on 40001 -> its row.  On an error there is no claim: the
-// connection goes back to the pool with its own statement_timeout (closed if
-// it broke, or if that cannot be restored).
+// connection goes back to the pool (closed if it broke).
 async function claimOn(conn, statement, waitTimeout) {
-	let previous = null;
+	const text = waitTimeout === undefined ? null : waitingStatement(statement, waitTimeout);
 	try {
-		if (waitTimeout !== undefined) {
-			({ rows: [{ previous }] } = await conn.query({ ...SET_TIMEOUT, values: [String(waitTimeout)] }));
-		}
-		let row;
 		for (let attempt = 1; ; attempt++) {
 			try {
-				({ rows: [row] } = await conn.query(statement));
-				break;
+				if (text === null) {
+					return (await conn.query(statement)).rows[0];
+				}
+				const results = await conn.query(text);
+				return results[results.length - 1].rows[0];
 			} catch (err) {
 				// docs/errors.md, "Errors and HTTP": under REPEATABLE READ the snapshot
 				// may not see a concurrent result; the retry replays it
@@ -210,16 +232,8 @@ async function claimOn(conn, statement, waitTimeout) {
 				}
 			}
 		}
-		if (previous !== null) {
-			await conn.query({ ...RESTORE_TIMEOUT, values: [previous] });
-		}
-		return row;
 	} catch (err) {
-		let restored = previous === null;
-		if (!restored && conn.usable) {
-			restored = await conn.query({ ...RESTORE_TIMEOUT, values: [previous] }).then(() => true, () => false);
-		}
-		conn.release(!restored);
+		conn.release();
 		throw err;
 	}
 }

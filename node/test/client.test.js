@@ -246,6 +246,40 @@ test('renew extends the lease; onOutcome counted every outcome', async () => {
 	}
 });
 
+test('waitTimeout: the claim is one statement on its connection, its values exact', async () => {
+	const one = s.pool({ max: 1 });
+	const client = new IdempotencyClient(one, { waitTimeout: '2 s', lease: '20 s', takeover: 'session' });
+	// count what the client sends on the connection (the statements are the
+	// client's own, run by the server)
+	const conn = await one.connect();
+	let sent = 0;
+	const query = conn.query.bind(conn);
+	conn.query = (...args) => {
+		sent++;
+		return query(...args);
+	};
+	conn.release();
+	// quotes, a backslash and a dollar sign in the key, the fingerprint's
+	// values and the checkpoint, which the statement carries as literals
+	const key = `wait-1rt-'quoted'\\back$2-${randomUUID()}`;
+	const fp = fingerprint("o'brien", 'c:\\dir', '$1');
+	const claim = await client.begin('op.test', key, fp, { checkpoint: { note: "it's \\ $3" } });
+	assert.equal(sent, 1, 'one statement for the claim and its statement_timeout');
+	assert.equal(claim.status, 'new');
+	const { rows } = await s.db.query(
+		`SELECT state, token::text AS token, fingerprint, checkpoint FROM idem_inspect('op.test', $1)`, [key]);
+	assert.equal(rows[0].state, 'pending');
+	assert.equal(rows[0].token, claim.token);
+	assert.ok(rows[0].fingerprint.equals(fp), 'the fingerprint as sent');
+	assert.deepEqual(rows[0].checkpoint, { note: "it's \\ $3" });
+	assert.equal((await claim.connection.query('SHOW statement_timeout')).rows[0].statement_timeout, '0',
+		'the connection keeps its own statement_timeout');
+	await claim.finish({ ok: true });
+	const replay = await client.begin('op.test', key, fp);
+	assert.equal(replay.status, 'replay');
+	assert.deepEqual(replay.response, { ok: true });
+});
+
 test('waitTimeout: WaitTimeoutError (an InProgressError) after the wait, and the connection keeps its own statement_timeout', async () => {
 	const one = s.pool({ max: 1 });
 	const client = new IdempotencyClient(one, { waitTimeout: 200 });

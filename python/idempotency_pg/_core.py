@@ -30,10 +30,14 @@ log = logging.getLogger("idempotency_pg")
 # Every parameter is cast: psycopg sends str as "unknown" and some values in
 # binary, and idem_fingerprint(VARIADIC "any") or an overloaded function
 # would otherwise fail with 42P18 (could not determine data type).
-_BEGIN = ("SELECT c.status, c.token, c.response"
+_BEGIN = ("SELECT c.status, c.token, c.response{checkpoint}"
           "  FROM idem_begin(%(operation)s::text, %(key)s::text, %(fingerprint)s::bytea,"
           " in_flight => %(in_flight)s::text, lease => %(lease)s::interval,"
           " ttl => %(ttl)s::interval{extra}) AS c")
+# With a checkpoint (extension 1.4), the claim's own statement records it on a
+# new claim: one round trip, and no moment when the claim is pending without it
+_BEGIN_CHECKPOINT = (", CASE WHEN c.status = 'new' THEN idem_checkpoint(%(operation)s::text, %(key)s::text,"
+                     " c.token, %(checkpoint)s::jsonb) END")
 # the response is read back as stored: a replay gets exactly this (jsonb
 # orders keys its own way)
 FINISH_SQL = ("SELECT idem_finish(%(operation)s::text, %(key)s::text, %(token)s::bigint,"
@@ -101,15 +105,16 @@ class Settings:
                    policy("takeover", takeover, ("lease", "session"), optional=True),
                    duration("remember", remember))
 
-    def begin_sql(self) -> str:
+    def begin_sql(self, checkpoint: bool = False) -> str:
         """idem_begin's statement; the 1.4 arguments only when set, so that a
-        1.3 server serves a coordinator that does not use them."""
+        1.3 server serves a coordinator that does not use them.  With
+        ``checkpoint``, it also records ``%(checkpoint)s`` on a new claim."""
         extra = ""
         if self.takeover is not None:
             extra += ", takeover => %(takeover)s::text"
         if self.remember is not None:
             extra += ", remember => %(remember)s::interval"
-        return _BEGIN.format(extra=extra)
+        return _BEGIN.format(extra=extra, checkpoint=_BEGIN_CHECKPOINT if checkpoint else "")
 
     def begin_params(self, operation: str, key: str, fp: bytes | None) -> dict[str, Any]:
         return {"operation": operation, "key": key, "fingerprint": fp,
@@ -153,7 +158,8 @@ class ClaimState:
 
     def _set(self, row: tuple[Any, ...]) -> None:
         self.status, self.token, self.response = row[0], row[1], row[2]
-        self.checkpointed = self.status == "recover"
+        # 'new' with a checkpoint in the claim's statement (a fourth column)
+        self.checkpointed = self.status == "recover" or (self.status == "new" and len(row) > 3)
 
     def _params(self, **extra: Any) -> dict[str, Any]:
         if self.token is None:

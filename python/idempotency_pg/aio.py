@@ -32,6 +32,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import _core
@@ -503,10 +504,10 @@ class AsyncCoordinator:
         return await self._begin(operation, key, fingerprint, self.settings, wait)
 
     async def _begin(self, operation: str, key: str, fingerprint: bytes | None, settings: Settings,
-                     wait_timeout: timedelta | None) -> AsyncClaim:
+                     wait_timeout: timedelta | None, checkpoint: Jsonb | None = None) -> AsyncClaim:
         await self._check_version()
         try:
-            claim = await self._claim(operation, key, fingerprint, settings, wait_timeout)
+            claim = await self._claim(operation, key, fingerprint, settings, wait_timeout, checkpoint)
         except IdempotencyError as err:
             self._refused(operation, key, err)
             raise
@@ -514,11 +515,17 @@ class AsyncCoordinator:
         return claim
 
     async def _claim(self, operation: str, key: str, fingerprint: bytes | None, settings: Settings,
-                     wait_timeout: timedelta | None) -> AsyncClaim:
+                     wait_timeout: timedelta | None, checkpoint: Jsonb | None) -> AsyncClaim:
+        """The claim; with ``checkpoint`` (a jsonb parameter), its statement records it
+        on a new claim."""
         claim = AsyncClaim(self, operation, key, fingerprint)
         pool = await self._claims()
         params = settings.begin_params(operation, key, fingerprint)
-        sql = self._begin_sql if settings == self.settings else settings.begin_sql()
+        if checkpoint is not None:
+            params["checkpoint"] = checkpoint
+            sql = settings.begin_sql(checkpoint=True)
+        else:
+            sql = self._begin_sql if settings == self.settings else settings.begin_sql()
         wait = None if wait_timeout is None else _core.wait_ms(wait_timeout)
         conn, switched = await _checkout(pool)
         lost = 0

@@ -174,7 +174,8 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
     prefixes the problem types' slugs (default ``urn:idempotency:problem:``).
     ``required=False``: a request without the header runs the endpoint
     without idempotency.  ``checkpoint(**arguments)`` (it may be async)
-    gives a state recorded before the endpoint runs; a route with a
+    gives a state, computed before the claim and recorded by the claim's
+    own statement when the claim is new; a route with a
     ``checkpoint`` must have a ``recover(state, **arguments)``
     (``TypeError`` here otherwise).  The claim options are the decorator's
     (:func:`idempotency_pg.aio.idempotent`)."""
@@ -291,9 +292,12 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                 fp = make_fingerprint(*await _fingerprint_values(request, paths, kwargs, body_params))
             except (TypeError, ValueError) as err:
                 return problem(Problem(400, "invalid-request", f"Invalid request: {err}."))
+            # the checkpoint's state goes with the claim, recorded by its
+            # statement if the claim is new
+            state = None if checkpoint is None else _core.to_json(await call(checkpoint, **arguments))
             try:
                 claim = await c._begin(operation, key, fp, overrides.apply(c.settings),
-                                       overrides.wait_timeout or c.wait_timeout)
+                                       overrides.wait_timeout or c.wait_timeout, state)
             except Exception as err:
                 if fail_open and await _unreachable(c, err):
                     _core.log.error("the store is unreachable (%s: %s): running %r for key %r without "
@@ -324,8 +328,6 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                             return problem(not_stored_problem(410))
                         outcome: Awaitable[Any] = call(recover, claim.response, **arguments)
                     else:
-                        if checkpoint is not None:
-                            await claim.checkpoint(await call(checkpoint, **arguments))
                         outcome = endpoint(**arguments)
                     try:
                         response = to_response(await outcome)

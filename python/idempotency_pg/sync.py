@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg import ClientCursor, Connection
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import _core
@@ -421,10 +422,10 @@ class Coordinator:
         return self._begin(operation, key, fingerprint, self.settings, wait)
 
     def _begin(self, operation: str, key: str, fingerprint: bytes | None, settings: Settings,
-                     wait_timeout: timedelta | None) -> Claim:
+                     wait_timeout: timedelta | None, checkpoint: Jsonb | None = None) -> Claim:
         self._check_version()
         try:
-            claim = self._claim(operation, key, fingerprint, settings, wait_timeout)
+            claim = self._claim(operation, key, fingerprint, settings, wait_timeout, checkpoint)
         except IdempotencyError as err:
             self._refused(operation, key, err)
             raise
@@ -432,11 +433,17 @@ class Coordinator:
         return claim
 
     def _claim(self, operation: str, key: str, fingerprint: bytes | None, settings: Settings,
-                     wait_timeout: timedelta | None) -> Claim:
+                     wait_timeout: timedelta | None, checkpoint: Jsonb | None) -> Claim:
+        """The claim; with ``checkpoint`` (a jsonb parameter), its statement records it
+        on a new claim."""
         claim = Claim(self, operation, key, fingerprint)
         pool = self._claims()
         params = settings.begin_params(operation, key, fingerprint)
-        sql = self._begin_sql if settings == self.settings else settings.begin_sql()
+        if checkpoint is not None:
+            params["checkpoint"] = checkpoint
+            sql = settings.begin_sql(checkpoint=True)
+        else:
+            sql = self._begin_sql if settings == self.settings else settings.begin_sql()
         wait = None if wait_timeout is None else _core.wait_ms(wait_timeout)
         conn, switched = _checkout(pool)
         lost = 0

@@ -1,11 +1,13 @@
 """What a FastAPI endpoint returns, over real HTTP (uvicorn on the loopback
 interface) and the test server: a background task runs once, with the first
 response; a response that is not JSON is stored and replayed; a value that
-cannot be stored never makes the endpoint run twice; a route with a
-checkpoint and no recover= is refused where it is declared."""
+cannot be stored never makes the endpoint run twice; a route's checkpoint
+is recorded by the claim's own statement; a route with a checkpoint and no
+recover= is refused where it is declared."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
@@ -102,6 +104,58 @@ def test_effects(admin: psycopg.Connection[Any]) -> None:
             assert again.status_code == 410 and again.json()["type"] == TYPE + "response-not-stored"
             assert again.headers["idempotent-replayed"] == "true"
         assert ran.count(key) == 1
+
+
+def test_checkpoint_in_the_claims_statement(admin: psycopg.Connection[Any], needs_1_4: None) -> None:
+    """When the endpoint runs, its key has the route's checkpoint, and the
+    claim's connection has run one statement of the claim: idem_begin, which
+    recorded it (no second round trip)."""
+    name = f"idem-ckpt-{os.getpid()}"
+    operation = OP + ".ckpt"
+    seen: list[tuple[list[str], Any]] = []
+    app = FastAPI()
+    pools: list[AsyncConnectionPool] = []
+
+    @app.on_event("startup")
+    async def start() -> None:
+        pool = AsyncConnectionPool("", min_size=1, max_size=2, kwargs={"application_name": name}, open=False)
+        await pool.open(wait=True)
+        pools.append(pool)
+        app.state.coordinator = idem.AsyncCoordinator(pool, claim_pool_size=1)
+
+    @app.on_event("shutdown")
+    async def stop() -> None:
+        await app.state.coordinator.close()
+        await pools[0].close()
+
+    def coordinator() -> idem.AsyncCoordinator:
+        c: idem.AsyncCoordinator = app.state.coordinator
+        return c
+
+    @app.post("/ckpt", status_code=201)
+    @idempotent_route(operation, coordinator=coordinator, status_code=201,
+                      checkpoint=lambda **_: {"step": "calling"}, recover=lambda state, **_: {"recovered": state})
+    async def ckpt(*, idempotency_key: str) -> dict[str, Any]:
+        async with await psycopg.AsyncConnection.connect("", autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT query FROM pg_stat_activity WHERE application_name = %s"
+                " AND query ~ 'idem_begin\\(|idem_checkpoint\\(\\$1'", (name,))
+            queries = [r[0] for r in await cur.fetchall()]
+            cur = await conn.execute("SELECT checkpoint FROM idem_inspect(%s, %s)", (operation, idempotency_key))
+            row = await cur.fetchone()
+            seen.append((queries, row[0] if row else None))
+        return {"id": idempotency_key}
+
+    key = new_key("ckpt")
+    with serve(app) as base:
+        first = post(base, "/ckpt", key)
+        again = post(base, "/ckpt", key)
+    assert first.status_code == 201, first.text
+    assert again.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert len(seen) == 1, seen
+    queries, checkpoint = seen[0]
+    assert checkpoint == {"step": "calling"}
+    assert len(queries) == 1 and "idem_begin(" in queries[0] and "idem_checkpoint(" in queries[0], queries
 
 
 def test_checkpoint_without_recover_is_refused() -> None:

@@ -23,7 +23,10 @@ const SECONDS = Number(env.BENCH_HTTP_SECONDS ?? 3);
 const CONNECTIONS = Number(env.BENCH_HTTP_CONNECTIONS ?? 16);
 const REPLAY_KEYS = 200;
 const LEASE_S = 3; // the extension's lease in the kill -9 case
-const CONTENDERS = ['base', 'ext', 'expidem', 'nodeidem'];
+// extbefore, extbeforeckpt: ext and extckpt with the Node package and the
+// example of another revision (BENCH_HTTP_BEFORE_DIR), in the same rounds
+const BEFORE = env.BENCH_HTTP_BEFORE_DIR;
+const CONTENDERS = ['base', 'ext', 'expidem', 'nodeidem', ...(BEFORE ? ['extbefore'] : [])];
 // extckpt: the example with CHECKPOINT=on (a checkpoint in the claim's
 // statement, for a provider that must not be called twice), in the
 // correctness cases and on /charges; extlease: the example with
@@ -37,6 +40,10 @@ const LABEL = {
 	extlease: 'this extension, RECOVERY=off (lease only, no checkpoint)',
 	expidem: 'express-idempotency + redis',
 	nodeidem: '@node-idempotency/core + redis',
+	...(BEFORE ? {
+		extbefore: `this extension, before (${env.BENCH_HTTP_BEFORE_REV ?? BEFORE})`,
+		extbeforeckpt: `this extension, before (${env.BENCH_HTTP_BEFORE_REV ?? BEFORE}), CHECKPOINT=on`,
+	} : {}),
 };
 const CLK_TCK = 100;
 const BODY = { customer: 'cus_bench', amount: 1000, currency: 'EUR' };
@@ -65,6 +72,8 @@ async function startService(contender, extra = {}) {
 	const as = {
 		extlease: { CONTENDER: 'ext', RECOVERY: 'off' },
 		extckpt: { CONTENDER: 'ext', CHECKPOINT: 'on' },
+		extbefore: { CONTENDER: 'ext', EXAMPLE_DIR: `${BEFORE}/examples/payments-api` },
+		extbeforeckpt: { CONTENDER: 'ext', CHECKPOINT: 'on', EXAMPLE_DIR: `${BEFORE}/examples/payments-api` },
 	}[contender] ?? { CONTENDER: contender };
 	const proc = spawn(process.execPath, [`${HERE}/service.js`], {
 		env: { ...env, ...as, PORT: String(port), ...extra },
@@ -297,7 +306,9 @@ const rotate = (a, n) => a.map((_, i) => a[(i + n) % a.length]);
 async function throughput() {
 	const { rows } = await db.query(`SELECT setting FROM pg_settings WHERE name = 'data_directory'`);
 	const pm = Number(readFileSync(`${rows[0].setting}/postmaster.pid`, 'utf8').split('\n')[0]);
-	const all = [...CONTENDERS, 'extckpt', 'extlease'];
+	// with the two "before" contenders, RECOVERY=off stays out: the server's
+	// 100 connections hold only so many pools of 10
+	const all = [...CONTENDERS, 'extckpt', ...(BEFORE ? ['extbeforeckpt'] : ['extlease'])];
 	const contendersOf = (w) => (w.path === '/charges' ? all : CONTENDERS);
 	const svcs = {};
 	for (const c of all) {
@@ -404,6 +415,22 @@ function report(meta) {
 		}
 	}
 	p();
+	if (BEFORE) {
+		// this tree against the other revision, paired by round
+		p('| workload | this / before | req/s (paired rounds) | CPU µs/req: node | postgres | total |');
+		p('|---|---|---:|---:|---:|---:|');
+		for (const w of WORKLOADS) {
+			for (const [c, b] of [['ext', 'extbefore'], ['extckpt', 'extbeforeckpt']]) {
+				if (!results.slices.some((s) => s.workload === w.name && s.contender === b)) {
+					continue;
+				}
+				const cpu = (f) => `${fix(stat(w.name, c, f), 0)} / ${fix(stat(w.name, b, f), 0)}`;
+				p(`| ${w.label} | ${LABEL[c]} | ${fix(paired(w.name, c, (s) => s.rps, b))} | ${cpu((s) => s.cpu.node)} | ` +
+					`${cpu((s) => s.cpu.pg)} | ${cpu(cpuTotal)} |`);
+			}
+		}
+		p();
+	}
 	// ratios to the baseline: paired; to the faster Redis library (by its
 	// median): paired with that library
 	const toBase = (w) => paired(w, 'ext', (s) => s.rps);

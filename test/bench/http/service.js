@@ -18,13 +18,15 @@
 //
 // Environment: PORT, HOST (127.0.0.1), PG* (the database), REDIS_SOCKET (the
 // Redis libraries), LEASE, CHECKPOINT and RECOVERY (ext: as in the example's
-// server.js), POOL_SIZE (10), PROVIDER=memory|ledger:
+// server.js), EXAMPLE_DIR (ext: the example's app from that directory, with
+// the Node package of its tree: another revision's), POOL_SIZE (10), PROVIDER=memory|ledger:
 // memory: a provider that answers at once and keeps nothing (throughput: a
 // real provider's work is not done on this machine); ledger: the example's
 // provider (provider_charges table, deduplicates by key, PROVIDER_DELAY_MS,
 // PROVIDER_FLAKY_CUSTOMERS), which the correctness cases count.
 
 import { randomUUID } from 'node:crypto';
+import { pathToFileURL } from 'node:url';
 
 import express from 'express';
 import pg from 'pg';
@@ -137,9 +139,10 @@ async function extApp() {
 	const finishPool = new pg.Pool({ ...poolOptions, options, application_name: 'httpbench ext' });
 	// as server.js: session takeover when the extension has it, a
 	// checkpoint with CHECKPOINT=on
-	const sessionTakeover = env.RECOVERY === 'off' ? false : await hasRecovery(finishPool);
+	const example = env.EXAMPLE_DIR ? await import(pathToFileURL(`${env.EXAMPLE_DIR}/app.js`)) : { createApp, hasRecovery };
+	const sessionTakeover = env.RECOVERY === 'off' ? false : await example.hasRecovery(finishPool);
 	const checkpoint = sessionTakeover && env.CHECKPOINT === 'on';
-	return createApp({ claimPool, pool: finishPool, provider, lease: env.LEASE ?? '30 s', sessionTakeover, checkpoint });
+	return example.createApp({ claimPool, pool: finishPool, provider, lease: env.LEASE ?? '30 s', sessionTakeover, checkpoint });
 }
 
 async function expidemApp() {
