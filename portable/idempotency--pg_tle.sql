@@ -590,6 +590,15 @@ AS $$
 		ELSE '\x' || encode(fp, 'hex') END
 $$;
 
+/* A time for a message, in ISO form whatever DateStyle is (as the C edition's) */
+CREATE FUNCTION @extschema@._idem_time_text(t pg_catalog.timestamptz)
+RETURNS pg_catalog.text
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT regexp_replace(to_char(t, 'YYYY-MM-DD HH24:MI:SS.US'), '\.?0+$', '') || to_char(t, 'OF')
+$$;
+
 CREATE FUNCTION @extschema@._idem_check_fingerprint(key pg_catalog.text, stored pg_catalog.bytea,
 													fingerprint pg_catalog.bytea)
 RETURNS void
@@ -1002,7 +1011,8 @@ BEGIN
 			RAISE EXCEPTION 'request with idempotency key "%" was completed, and its stored response has expired', k
 				USING ERRCODE = 'IK410',
 					  DETAIL = format('It was completed at %s; its response was kept until %s, the key is remembered until %s.',
-									  r.completed_at, r.expires_at, r.forget_at),
+									  _idem_time_text(r.completed_at), _idem_time_text(r.expires_at),
+									  _idem_time_text(r.forget_at)),
 					  HINT = 'Do not run the request again; use a new key for a new request.';
 		END IF;
 
@@ -1441,7 +1451,7 @@ BEGIN
 	IF state = 'pending' AND NOT force THEN
 		RAISE EXCEPTION 'idempotency key "%" is held by a live attempt', idem_forget.key
 			USING ERRCODE = 'IK409',
-				  DETAIL = format('Its claim (token %s) is pending until %s.', r.token, r.expires_at),
+				  DETAIL = format('Its claim (token %s) is pending until %s.', r.token, _idem_time_text(r.expires_at)),
 				  HINT = 'Pass force => true to forget it anyway: the attempt''s finish then fails with IK412.';
 	END IF;
 	DELETE FROM idem_record t

@@ -168,6 +168,16 @@ SELECT count(*) FROM idem_record WHERE operation = 'trigger';
 DROP FUNCTION skip_write();
 RESET statement_timeout;
 
+-- times in messages are in ISO form whatever DateStyle is, as the C
+-- edition's (pg_regress sets 'Postgres, MDY')
+SELECT idem_finish('times', 'r1', (idem_begin('times', 'r1', NULL, remember => '1 day')).token, '"r1"');
+UPDATE idem_record SET completed_at = '2020-01-01 12:00:00+00', expires_at = '2020-01-01 12:01:00.5+00',
+	   forget_at = '2099-12-31 00:00:00+00' WHERE operation = 'times';
+SET TimeZone = 'UTC';
+SELECT status FROM idem_begin('times', 'r1', NULL);
+RESET TimeZone;
+DELETE FROM idem_record WHERE operation = 'times';
+
 -- a schema where every role may create is refused
 GRANT CREATE ON SCHEMA idempotency TO PUBLIC;
 SELECT idempotency._idem_check_schema();
