@@ -191,6 +191,8 @@ AS $$
 		WHEN completed_at IS NULL THEN
 			CASE WHEN mine THEN 'pending'
 				 WHEN expires_at <= now THEN 'lapsed'
+				 /* whether its session lives only the primary can tell */
+				 WHEN holder IS NOT NULL AND pg_is_in_recovery() THEN 'unknown'
 				 WHEN holder IS NOT NULL AND NOT _idem_session_alive(holder) THEN 'lapsed'
 				 ELSE 'pending' END
 		WHEN expires_at > now THEN 'completed'
