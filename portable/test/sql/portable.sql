@@ -168,6 +168,20 @@ SELECT count(*) FROM idem_record WHERE operation = 'trigger';
 DROP FUNCTION skip_write();
 RESET statement_timeout;
 
+-- a DBA may add columns that are nullable or have a default: every call
+-- works, a claim fills the default, a finish keeps the DBA's value
+BEGIN;
+ALTER TABLE idem_record ADD COLUMN note text, ADD COLUMN origin text DEFAULT 'dba';
+SELECT token AS x1 FROM idem_begin('columns', 'x1', NULL) \gset
+UPDATE idem_record SET note = 'checked' WHERE operation = 'columns';
+SELECT idem_checkpoint('columns', 'x1', :x1, '{"step": 1}');
+SELECT idem_renew('columns', 'x1', :x1, '1 min') > now() AS renewed;
+SELECT idem_finish('columns', 'x1', :x1, '"x1"');
+SELECT status, response FROM idem_begin('columns', 'x1', NULL);
+SELECT note, origin, response FROM idem_record WHERE operation = 'columns';
+SELECT state FROM idem_inspect('columns', 'x1');
+ROLLBACK;
+
 -- times in messages are in ISO form whatever DateStyle is, as the C
 -- edition's (pg_regress sets 'Postgres, MDY')
 SELECT idem_finish('times', 'r1', (idem_begin('times', 'r1', NULL, remember => '1 day')).token, '"r1"');
