@@ -590,6 +590,15 @@ AS $$
 		ELSE '\x' || encode(fp, 'hex') END
 $$;
 
+/* A time for a message, in ISO form whatever DateStyle is (as the C edition's) */
+CREATE FUNCTION @extschema@._idem_time_text(t pg_catalog.timestamptz)
+RETURNS pg_catalog.text
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT regexp_replace(to_char(t, 'YYYY-MM-DD HH24:MI:SS.US'), '\.?0+$', '') || to_char(t, 'OF')
+$$;
+
 CREATE FUNCTION @extschema@._idem_check_fingerprint(key pg_catalog.text, stored pg_catalog.bytea,
 													fingerprint pg_catalog.bytea)
 RETURNS void
@@ -663,12 +672,41 @@ BEGIN
 	ELSIF r.completed_at IS NOT NULL THEN
 		detail := 'The claim was finished already: its response is stored.';
 	ELSE
+		/* the caller's write matched nothing, yet the record is as it wants */
+		PERFORM _idem_check_skipped(key, 'UPDATE');
 		detail := 'The claim was changed by a concurrent transaction.';
 	END IF;
 	RAISE EXCEPTION 'token % does not hold idempotency key "%"', token, key
 		USING ERRCODE = 'IK412', DETAIL = detail;
 END
 $_idem_raise_stale_token$;
+
+/*
+ * 09000 when a write of idem_record found nothing to write although the
+ * row is there, and a BEFORE ROW trigger for the event ('INSERT', 'UPDATE'
+ * or 'DELETE') is on the table: the trigger skipped it (returned NULL).
+ * Reporting a claim or a result that was not written is how a second
+ * effect happens.  Without such a trigger it returns: the row changed
+ * meanwhile, and the caller looks again.
+ */
+CREATE FUNCTION @extschema@._idem_check_skipped(key pg_catalog.text, event pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $_idem_check_skipped$
+BEGIN
+	/* tgtype: 1 row, 2 before, 4 insert, 8 delete, 16 update */
+	IF EXISTS (SELECT FROM pg_trigger g
+				WHERE g.tgrelid = 'idem_record'::regclass AND NOT g.tgisinternal
+				  AND g.tgenabled <> 'D' AND g.tgtype & 3 = 3
+				  AND g.tgtype & CASE event WHEN 'INSERT' THEN 4 WHEN 'DELETE' THEN 8 ELSE 16 END <> 0) THEN
+		RAISE EXCEPTION 'a trigger on table "idem_record" skipped the write of idempotency key "%"', key
+			USING ERRCODE = '09000',
+				  DETAIL = 'A BEFORE ROW trigger on the table returned NULL or changed the extension''s columns; nothing was recorded.',
+				  HINT = 'Triggers on the idempotency tables must return the row they are given, with the extension''s columns unchanged.';
+	END IF;
+END
+$_idem_check_skipped$;
 
 /* 22023 for a lease longer than the ttl, showing both */
 CREATE FUNCTION @extschema@._idem_raise_lease_over_ttl(lease pg_catalog.int8, ttl pg_catalog.interval)
@@ -702,6 +740,8 @@ AS $$
 		WHEN completed_at IS NULL THEN
 			CASE WHEN mine THEN 'pending'
 				 WHEN expires_at <= now THEN 'lapsed'
+				 /* whether its session lives only the primary can tell */
+				 WHEN holder IS NOT NULL AND pg_is_in_recovery() THEN 'unknown'
 				 WHEN holder IS NOT NULL AND NOT _idem_session_alive(holder) THEN 'lapsed'
 				 ELSE 'pending' END
 		WHEN expires_at > now THEN 'completed'
@@ -904,6 +944,12 @@ BEGIN
 				END;
 			END IF;
 			IF new_token IS NULL THEN
+				/* nothing inserted: a record committed meanwhile, or a trigger */
+				PERFORM FROM idem_record t
+				 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k;
+				IF NOT FOUND THEN
+					PERFORM _idem_check_skipped(k, 'INSERT');
+				END IF;
 				CONTINUE;
 			END IF;
 			IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
@@ -967,7 +1013,8 @@ BEGIN
 			RAISE EXCEPTION 'request with idempotency key "%" was completed, and its stored response has expired', k
 				USING ERRCODE = 'IK410',
 					  DETAIL = format('It was completed at %s; its response was kept until %s, the key is remembered until %s.',
-									  r.completed_at, r.expires_at, r.forget_at),
+									  _idem_time_text(r.completed_at), _idem_time_text(r.expires_at),
+									  _idem_time_text(r.forget_at)),
 					  HINT = 'Do not run the request again; use a new key for a new request.';
 		END IF;
 
@@ -992,7 +1039,15 @@ BEGIN
 		   AND t.completed_at IS NOT DISTINCT FROM r.completed_at
 		RETURNING t.token, t.checkpoint INTO new_token, new_checkpoint;
 		IF NOT FOUND THEN
-			CONTINUE;			/* changed meanwhile: look again */
+			/* changed meanwhile: look again; unchanged: a trigger skipped it */
+			PERFORM FROM idem_record t
+			 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k
+			   AND t.token = r.token AND t.expires_at = r.expires_at
+			   AND t.completed_at IS NOT DISTINCT FROM r.completed_at;
+			IF FOUND THEN
+				PERFORM _idem_check_skipped(k, 'UPDATE');
+			END IF;
+			CONTINUE;
 		END IF;
 		IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
 			PERFORM _idem_hold_wake_lock();
@@ -1088,6 +1143,13 @@ BEGIN
 	   AND t.token = idem_abort.token AND t.completed_at IS NULL
 	RETURNING t.waker INTO w;
 	IF NOT FOUND THEN
+		PERFORM FROM idem_record t
+		 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+		   AND t.operation = idem_abort.operation AND t.key = idem_abort.key
+		   AND t.token = idem_abort.token AND t.completed_at IS NULL;
+		IF FOUND THEN
+			PERFORM _idem_check_skipped(key, 'DELETE');
+		END IF;
 		RETURN false;
 	END IF;
 	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
@@ -1233,7 +1295,8 @@ CREATE FUNCTION @extschema@.idem_stats_records(
 	OUT lapsed		pg_catalog.int8,
 	OUT completed	pg_catalog.int8,
 	OUT expired		pg_catalog.int8,
-	OUT remembered	pg_catalog.int8)
+	OUT remembered	pg_catalog.int8,
+	OUT unknown		pg_catalog.int8)
 RETURNS SETOF record
 LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, @extschema@, pg_temp
@@ -1243,7 +1306,8 @@ AS $$
 		   count(*) FILTER (WHERE s.state = 'lapsed'),
 		   count(*) FILTER (WHERE s.state = 'completed'),
 		   count(*) FILTER (WHERE s.state = 'expired'),
-		   count(*) FILTER (WHERE s.state = 'remembered')
+		   count(*) FILTER (WHERE s.state = 'remembered'),
+		   count(*) FILTER (WHERE s.state = 'unknown')
 	  FROM (SELECT t.operation,
 				   _idem_state(t.completed_at, t.expires_at, t.forget_at, t.holder,
 							   coalesce(t.writer = pg_current_xact_id_if_assigned(), false),
@@ -1255,7 +1319,7 @@ AS $$
 $$;
 
 CREATE VIEW @extschema@.idem_stats AS
-	SELECT operation, pending, lapsed, completed, expired, remembered
+	SELECT operation, pending, lapsed, completed, expired, remembered, unknown
 	  FROM @extschema@.idem_stats_records();
 
 GRANT EXECUTE ON FUNCTION
@@ -1391,7 +1455,7 @@ BEGIN
 	IF state = 'pending' AND NOT force THEN
 		RAISE EXCEPTION 'idempotency key "%" is held by a live attempt', idem_forget.key
 			USING ERRCODE = 'IK409',
-				  DETAIL = format('Its claim (token %s) is pending until %s.', r.token, r.expires_at),
+				  DETAIL = format('Its claim (token %s) is pending until %s.', r.token, _idem_time_text(r.expires_at)),
 				  HINT = 'Pass force => true to forget it anyway: the attempt''s finish then fails with IK412.';
 	END IF;
 	DELETE FROM idem_record t

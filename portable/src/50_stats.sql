@@ -51,7 +51,8 @@ CREATE FUNCTION @extschema@.idem_stats_records(
 	OUT lapsed		pg_catalog.int8,
 	OUT completed	pg_catalog.int8,
 	OUT expired		pg_catalog.int8,
-	OUT remembered	pg_catalog.int8)
+	OUT remembered	pg_catalog.int8,
+	OUT unknown		pg_catalog.int8)
 RETURNS SETOF record
 LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path = pg_catalog, @extschema@, pg_temp
@@ -61,7 +62,8 @@ AS $$
 		   count(*) FILTER (WHERE s.state = 'lapsed'),
 		   count(*) FILTER (WHERE s.state = 'completed'),
 		   count(*) FILTER (WHERE s.state = 'expired'),
-		   count(*) FILTER (WHERE s.state = 'remembered')
+		   count(*) FILTER (WHERE s.state = 'remembered'),
+		   count(*) FILTER (WHERE s.state = 'unknown')
 	  FROM (SELECT t.operation,
 				   _idem_state(t.completed_at, t.expires_at, t.forget_at, t.holder,
 							   coalesce(t.writer = pg_current_xact_id_if_assigned(), false),
@@ -73,7 +75,7 @@ AS $$
 $$;
 
 CREATE VIEW @extschema@.idem_stats AS
-	SELECT operation, pending, lapsed, completed, expired, remembered
+	SELECT operation, pending, lapsed, completed, expired, remembered, unknown
 	  FROM @extschema@.idem_stats_records();
 
 GRANT EXECUTE ON FUNCTION

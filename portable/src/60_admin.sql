@@ -100,7 +100,7 @@ BEGIN
 	IF state = 'pending' AND NOT force THEN
 		RAISE EXCEPTION 'idempotency key "%" is held by a live attempt', idem_forget.key
 			USING ERRCODE = 'IK409',
-				  DETAIL = format('Its claim (token %s) is pending until %s.', r.token, r.expires_at),
+				  DETAIL = format('Its claim (token %s) is pending until %s.', r.token, _idem_time_text(r.expires_at)),
 				  HINT = 'Pass force => true to forget it anyway: the attempt''s finish then fails with IK412.';
 	END IF;
 	DELETE FROM idem_record t

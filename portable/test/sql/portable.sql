@@ -129,6 +129,69 @@ SELECT idem_durability();
 SELECT idem_set_logged(true);
 SELECT idem_durability();
 
+-- a BEFORE ROW trigger that skips a write (returns NULL) makes the call fail
+-- with 09000, as in the C edition: nothing is reported that did not happen
+-- (without the check, idem_begin looked for its claim again and again)
+SET statement_timeout = '20s';
+CREATE FUNCTION skip_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN NULL;
+END $$;
+CREATE TRIGGER t BEFORE INSERT ON idem_record FOR EACH ROW EXECUTE FUNCTION skip_write();
+SELECT status FROM idem_begin('trigger', 'v0', NULL);
+\echo :SQLSTATE
+DROP TRIGGER t ON idem_record;
+-- v1: a claim whose lease has lapsed; UPDATE (a checkpoint, a finish, a
+-- renew, a takeover) and DELETE (an abort) skipped
+SELECT token AS v1 FROM idem_begin('trigger', 'v1', NULL) \gset
+UPDATE idem_record SET expires_at = now() - interval '1 s' WHERE operation = 'trigger';
+CREATE TRIGGER t BEFORE UPDATE ON idem_record FOR EACH ROW EXECUTE FUNCTION skip_write();
+\set VERBOSITY terse
+SELECT idem_checkpoint('trigger', 'v1', :v1, '{"step": 2}');
+\echo :SQLSTATE
+SELECT idem_finish('trigger', 'v1', :v1, '"v1"');
+\echo :SQLSTATE
+SELECT idem_renew('trigger', 'v1', :v1, '1 min');
+\echo :SQLSTATE
+SELECT status FROM idem_begin('trigger', 'v1', NULL);
+\echo :SQLSTATE
+DROP TRIGGER t ON idem_record;
+CREATE TRIGGER t BEFORE DELETE ON idem_record FOR EACH ROW EXECUTE FUNCTION skip_write();
+SELECT idem_abort('trigger', 'v1', :v1);
+\echo :SQLSTATE
+DROP TRIGGER t ON idem_record;
+\set VERBOSITY default
+-- v1 is as it was, and without the trigger an abort releases it
+SELECT token = :v1 AS v1_holds, state, checkpoint FROM idem_inspect('trigger', 'v1');
+SELECT idem_abort('trigger', 'v1', :v1);
+SELECT count(*) FROM idem_record WHERE operation = 'trigger';
+DROP FUNCTION skip_write();
+RESET statement_timeout;
+
+-- a DBA may add columns that are nullable or have a default: every call
+-- works, a claim fills the default, a finish keeps the DBA's value
+BEGIN;
+ALTER TABLE idem_record ADD COLUMN note text, ADD COLUMN origin text DEFAULT 'dba';
+SELECT token AS x1 FROM idem_begin('columns', 'x1', NULL) \gset
+UPDATE idem_record SET note = 'checked' WHERE operation = 'columns';
+SELECT idem_checkpoint('columns', 'x1', :x1, '{"step": 1}');
+SELECT idem_renew('columns', 'x1', :x1, '1 min') > now() AS renewed;
+SELECT idem_finish('columns', 'x1', :x1, '"x1"');
+SELECT status, response FROM idem_begin('columns', 'x1', NULL);
+SELECT note, origin, response FROM idem_record WHERE operation = 'columns';
+SELECT state FROM idem_inspect('columns', 'x1');
+ROLLBACK;
+
+-- times in messages are in ISO form whatever DateStyle is, as the C
+-- edition's (pg_regress sets 'Postgres, MDY')
+SELECT idem_finish('times', 'r1', (idem_begin('times', 'r1', NULL, remember => '1 day')).token, '"r1"');
+UPDATE idem_record SET completed_at = '2020-01-01 12:00:00+00', expires_at = '2020-01-01 12:01:00.5+00',
+	   forget_at = '2099-12-31 00:00:00+00' WHERE operation = 'times';
+SET TimeZone = 'UTC';
+SELECT status FROM idem_begin('times', 'r1', NULL);
+RESET TimeZone;
+DELETE FROM idem_record WHERE operation = 'times';
+
 -- a schema where every role may create is refused
 GRANT CREATE ON SCHEMA idempotency TO PUBLIC;
 SELECT idempotency._idem_check_schema();
