@@ -67,7 +67,9 @@ CREATE POLICY idem_own_records ON @extschema@.idem_record
 REVOKE ALL ON @extschema@.idem_record FROM PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.idem_record TO PUBLIC;
 
-CREATE SEQUENCE @extschema@.idem_token_seq AS pg_catalog.int8;
+/* tokens above 2^53, as the C edition's: a client that reads them as a
+   double (a JavaScript number) fails at its first finish, not later */
+CREATE SEQUENCE @extschema@.idem_token_seq AS pg_catalog.int8 START 9007199254740993;
 REVOKE ALL ON SEQUENCE @extschema@.idem_token_seq FROM PUBLIC;
 /* the functions take tokens with the caller's rights; no role may set it */
 GRANT USAGE ON SEQUENCE @extschema@.idem_token_seq TO PUBLIC;

@@ -89,7 +89,9 @@ CREATE POLICY idem_own_records ON idempotency.idem_record
 REVOKE ALL ON idempotency.idem_record FROM PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.idem_record TO PUBLIC;
 
-CREATE SEQUENCE idempotency.idem_token_seq AS pg_catalog.int8;
+/* tokens above 2^53, as the C edition's: a client that reads them as a
+   double (a JavaScript number) fails at its first finish, not later */
+CREATE SEQUENCE idempotency.idem_token_seq AS pg_catalog.int8 START 9007199254740993;
 REVOKE ALL ON SEQUENCE idempotency.idem_token_seq FROM PUBLIC;
 /* the functions take tokens with the caller's rights; no role may set it */
 GRANT USAGE ON SEQUENCE idempotency.idem_token_seq TO PUBLIC;

@@ -14,7 +14,7 @@ const {
 	IdempotencyClient, InProgressError, WaitTimeoutError, KeyReuseError, FencedError, ExpiredError, InputError,
 	ResponseTooLargeError, IdempotencyError, fingerprint,
 } = require('..');
-const { scratchDatabase, sleep } = require('./db');
+const { expireCompleted, scratchDatabase, sleep } = require('./db');
 
 // What many applications do: bigint columns as JavaScript numbers, for the
 // whole process.  Tokens are above 2^53: they must never go through it.
@@ -154,8 +154,7 @@ test('ExpiredError (IK410): a remembered key past its ttl', async () => {
 	const key = newKey('expired');
 	const claim = await idem.begin('op.test', key, ['a'], { ttl: '1 min', remember: '30 days' });
 	await claim.finish({ x: 1 });
-	await s.db.query(`UPDATE idem_result SET expires_at = now() - interval '1 s' WHERE key = $1`, [key]);
-	await s.db.query(`UPDATE idem_record SET expires_at = now() - interval '1 s' WHERE key = $1`, [key]);
+	await expireCompleted(s.db, key);
 	const err = await idem.begin('op.test', key, ['a']).catch((e) => e);
 	assert.ok(err instanceof ExpiredError, String(err));
 	assert.equal(err.sqlstate, 'IK410');

@@ -17,7 +17,7 @@ const { after, before, describe, test } = require('node:test');
 const pg = require('pg');
 
 const { createApp } = require('./conformance-app');
-const { scratchDatabase, sleep } = require('./db');
+const { SERVER_OPTIONS, installEdition, isSchemaStatement, scratchDatabase, sleep } = require('./db');
 
 const CASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'test', 'http', 'cases.json'), 'utf8'));
 const TYPE_BASE = 'urn:idempotency:problem:';
@@ -31,10 +31,8 @@ const ctx = {};
 
 before(async () => {
 	s = await scratchDatabase('conformance');
-	for (const statement of CASES.app.schema) {
-		if (!/^CREATE EXTENSION/i.test(statement)) {	// made by scratchDatabase
-			await s.db.query(statement);
-		}
+	for (const statement of CASES.app.schema.filter(isSchemaStatement)) {	// the extension: scratchDatabase
+		await s.db.query(statement);
 	}
 	app = await createApp(s);
 	await new Promise((resolve) => { server = app.app.listen(0, '127.0.0.1', resolve); });
@@ -213,7 +211,7 @@ async function ownServer() {
 	await run('initdb', ['-D', data, '-A', 'trust', '--no-sync']);
 	const log = path.join(tmp, 'log');
 	const ctl = (...args) => run('pg_ctl', ['-D', data, '-w', '-l', log, ...args]);
-	await ctl('-o', `-k ${tmp} -c listen_addresses= -p 5432`, 'start');
+	await ctl('-o', `-k ${tmp} -c listen_addresses= -p 5432 ${SERVER_OPTIONS}`, 'start');
 	return {
 		connection: { host: tmp, port: 5432 },
 		restart: () => ctl('-m', 'fast', 'restart'),
@@ -261,6 +259,13 @@ describe('process cases: a server of its own restarted, the app killed', () => {
 		await admin.connect();
 		await admin.query(`CREATE DATABASE ${pc.dbname}`);
 		await admin.end();
+		const install = new pg.Client({ ...pc.connection, database: pc.dbname });
+		await install.connect();
+		try {
+			await installEdition(install, { ...pc.connection, database: pc.dbname });
+		} finally {
+			await install.end();
+		}
 		pc.reconnect = async () => {
 			for (const name of ['db', 'gates']) {
 				await pc[name]?.end().catch(() => {});
@@ -270,7 +275,7 @@ describe('process cases: a server of its own restarted, the app killed', () => {
 			}
 		};
 		await pc.reconnect();
-		for (const statement of CASES.app.schema) {
+		for (const statement of CASES.app.schema.filter(isSchemaStatement)) {
 			await pc.db.query(statement);
 		}
 	});

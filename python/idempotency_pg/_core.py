@@ -542,17 +542,24 @@ def store_unreachable(err: BaseException) -> bool:
 
 #: the extension version whose API this package needs (docs/upgrading.md, "Upgrading")
 REQUIRED_VERSION = (1, 4)
-VERSION_SQL = ("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'idempotency')")
+#: the extension's version; and, where there is no extension, whether the
+#: search_path finds the portable edition's idem_portable_version() (its psql
+#: script installs it into a schema, without a pg_extension row)
+VERSION_SQL = ("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),"
+               " to_regprocedure('idem_portable_version()') IS NOT NULL")
+PORTABLE_VERSION_SQL = "SELECT idem_portable_version()"
 
 
-def check_version(installed: str | None, required: tuple[int, int] = REQUIRED_VERSION) -> None:
-    """Raise :class:`ExtensionVersionError` unless ``installed`` (extversion)
-    is at least ``required``."""
+def check_version(installed: str | None, schema: bool = False,
+                  required: tuple[int, int] = REQUIRED_VERSION) -> None:
+    """Raise :class:`ExtensionVersionError` unless ``installed`` (extversion,
+    or the version of the portable edition installed into a schema:
+    ``schema``) is at least ``required``."""
     if installed is not None:
         parts = re.findall(r"\d+", installed)[:2]
         if len(parts) == 2 and (int(parts[0]), int(parts[1])) >= required:
             return
-    raise ExtensionVersionError(installed, required)
+    raise ExtensionVersionError(installed, required, schema=schema)
 
 
 # ------------------------------------------------------------------ records

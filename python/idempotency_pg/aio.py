@@ -36,7 +36,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import _core
-from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
+from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, PORTABLE_VERSION_SQL,
+                    RECORD_SQL, VERSION_SQL, P,
                     AsyncDecorator, AsyncIdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)
 from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
                      WaitTimeoutError)
@@ -108,6 +109,18 @@ async def _autocommit_on(conn: AsyncConnection[Any], sql: str, params: Any, prep
     finally:
         if not conn.closed and not conn.broken:
             await conn.set_autocommit(False)  # sync: conn.autocommit = False
+
+
+async def _version_on(conn: AsyncConnection[Any], run: Callable[..., Awaitable[Row]]) -> tuple[str | None, bool]:  # sync: def _version_on(conn: Connection[Any], run: Callable[..., Row]) -> tuple[str | None, bool]:
+    """The installed version, read with ``run`` (:func:`_execute` or
+    :func:`_autocommit_on`): the extension's (pg_extension), else what the
+    ``idem_portable_version()`` that ``conn``'s search_path finds answers
+    (the portable edition installed into a schema by its psql script has
+    no pg_extension row), else None; and whether it is that function's."""
+    row = await run(conn, VERSION_SQL, None, False)
+    if row[0] is None and row[1]:
+        return (await run(conn, PORTABLE_VERSION_SQL, None, False))[0], True
+    return row[0], False
 
 
 async def _checkout(pool: AsyncConnectionPool) -> tuple[AsyncConnection[Any], bool]:
@@ -449,13 +462,13 @@ class AsyncCoordinator:
         if self._version_checked:
             return
         if conn is not None:
-            row = await _execute(conn, VERSION_SQL, None, False)
+            row = await _version_on(conn, _execute)
         else:
             row = await self._read_version()
-        _core.check_version(row[0])
+        _core.check_version(*row)
         self._version_checked = True
 
-    async def _read_version(self) -> Row:
+    async def _read_version(self) -> tuple[str | None, bool]:
         """The version query on a connection of ``pool``; a connection the
         server ended (a restart before the first call) is replaced as the
         claims replace theirs: once more on another one, up to the pool's
@@ -463,7 +476,7 @@ class AsyncCoordinator:
         for _ in range(self.pool.max_size):
             async with self.pool.connection() as conn:
                 try:
-                    return await _autocommit_on(conn, VERSION_SQL, None, False)
+                    return await _version_on(conn, _autocommit_on)
                 except psycopg.Error as err:
                     if not _core.lost_connection(conn, err):
                         raise
@@ -471,7 +484,7 @@ class AsyncCoordinator:
                                 "checking on another one", err)
         conn = await _connect(self.pool)
         try:
-            return await _execute(conn, VERSION_SQL, None, False)
+            return await _version_on(conn, _execute)
         finally:
             await conn.close()
 

@@ -67,20 +67,30 @@ class WaitTimeoutError(InProgressError):
 class ExtensionVersionError(IdempotencyError):
     """The database's ``idempotency`` extension is older than this package
     needs (``required``, e.g. ``(1, 4)``), or is not installed in it
-    (``installed`` is ``None``).  Raised at the first call of a coordinator,
-    before any claim.  HTTP: 500."""
+    (``installed`` is ``None``).  The portable edition installed into a
+    schema by its psql script has no extension: its version is its
+    ``idem_portable_version()``, found on the search_path (``schema`` is
+    true then).  Raised at the first call of a coordinator, before any
+    claim.  HTTP: 500."""
 
-    def __init__(self, installed: str | None, required: tuple[int, int]) -> None:
+    def __init__(self, installed: str | None, required: tuple[int, int], *, schema: bool = False) -> None:
         need = ".".join(map(str, required))
         if installed is None:
             message = (f"the idempotency extension is not installed in this database; idempotency_pg "
-                       f"needs version {need} or later: CREATE EXTENSION idempotency")
+                       f"needs version {need} or later: CREATE EXTENSION idempotency (or, for the "
+                       f"portable edition installed into schema idempotency, put that schema on the "
+                       f"search_path)")
+        elif schema:
+            message = (f"the database's idempotency (portable edition, schema install) is version "
+                       f"{installed}; idempotency_pg needs {need} or later: run a newer "
+                       f"idempotency--schema.sql")
         else:
             message = (f"the database's idempotency extension is version {installed}; idempotency_pg "
                        f"needs {need} or later: ALTER EXTENSION idempotency UPDATE")
         super().__init__(message)
         self.installed = installed
         self.required = required
+        self.schema = schema
 
 
 class KeyReuseError(IdempotencyError):

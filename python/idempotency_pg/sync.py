@@ -24,7 +24,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import _core
-from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, RECORD_SQL, VERSION_SQL, P,
+from ._core import (pool_setting, ABORT_SQL, CHECKPOINT_SQL, FINISH_SQL, INSPECT_SQL, PORTABLE_VERSION_SQL,
+                    RECORD_SQL, VERSION_SQL, P,
                     Decorator, IdempotentFunction, ClaimState, Outcome, Record, Settings, db_errors)
 from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, ResponseNotStoredError,
                      WaitTimeoutError)
@@ -70,6 +71,18 @@ def _autocommit_on(conn: Connection[Any], sql: str, params: Any, prepare: bool |
     finally:
         if not conn.closed and not conn.broken:
             conn.autocommit = False
+
+
+def _version_on(conn: Connection[Any], run: Callable[..., Row]) -> tuple[str | None, bool]:
+    """The installed version, read with ``run`` (:func:`_execute` or
+    :func:`_autocommit_on`): the extension's (pg_extension), else what the
+    ``idem_portable_version()`` that ``conn``'s search_path finds answers
+    (the portable edition installed into a schema by its psql script has
+    no pg_extension row), else None; and whether it is that function's."""
+    row = run(conn, VERSION_SQL, None, False)
+    if row[0] is None and row[1]:
+        return (run(conn, PORTABLE_VERSION_SQL, None, False))[0], True
+    return row[0], False
 
 
 def _checkout(pool: ConnectionPool) -> tuple[Connection[Any], bool]:
@@ -367,13 +380,13 @@ class Coordinator:
         if self._version_checked:
             return
         if conn is not None:
-            row = _execute(conn, VERSION_SQL, None, False)
+            row = _version_on(conn, _execute)
         else:
             row = self._read_version()
-        _core.check_version(row[0])
+        _core.check_version(*row)
         self._version_checked = True
 
-    def _read_version(self) -> Row:
+    def _read_version(self) -> tuple[str | None, bool]:
         """The version query on a connection of ``pool``; a connection the
         server ended (a restart before the first call) is replaced as the
         claims replace theirs: once more on another one, up to the pool's
@@ -381,7 +394,7 @@ class Coordinator:
         for _ in range(self.pool.max_size):
             with self.pool.connection() as conn:
                 try:
-                    return _autocommit_on(conn, VERSION_SQL, None, False)
+                    return _version_on(conn, _autocommit_on)
                 except psycopg.Error as err:
                     if not _core.lost_connection(conn, err):
                         raise
@@ -389,7 +402,7 @@ class Coordinator:
                                 "checking on another one", err)
         conn = _connect(self.pool)
         try:
-            return _execute(conn, VERSION_SQL, None, False)
+            return _version_on(conn, _execute)
         finally:
             conn.close()
 

@@ -6,6 +6,12 @@ as test/python/run prepares.  Only the tests that restart a server start
 one of their own (:func:`own_server`, with the binaries in ``PG_BINDIR``,
 which test/run exports): the shared one serves other suites meanwhile.  The
 async tests run their coroutines with asyncio.run (no pytest plugin needed).
+
+Against the portable edition (test/portable/run), ``IDEM_TEST_INSTALL`` is
+the command that installs it in a database instead of ``CREATE EXTENSION
+idempotency`` (test/portable/install pgtle, or schema), and
+``IDEM_TEST_SERVER_OPTIONS`` the options a server of the tests' own starts
+with (``-c shared_preload_libraries=pg_tle``): :func:`install_edition`.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -26,6 +33,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from psycopg import sql
 
 T = TypeVar("T")
 
@@ -42,13 +50,63 @@ def new_key(label: str) -> str:
     return f"{label}-{uuid.uuid4()}"
 
 
+#: the command that installs the edition in a database (None: CREATE EXTENSION idempotency)
+INSTALL = os.environ.get("IDEM_TEST_INSTALL") or None
+#: the portable edition, installed with psql into schema idempotency (no pg_extension row)?
+SCHEMA_INSTALL = (INSTALL or "").endswith(" schema")
+
+
+def install_edition(conninfo: str) -> None:
+    """Install the edition under test in the database ``conninfo`` names:
+    ``CREATE EXTENSION idempotency``, or the command ``IDEM_TEST_INSTALL``
+    with the libpq environment naming that database."""
+    if INSTALL is None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION idempotency")
+        return
+    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    env = dict(os.environ)
+    for name, var in (("host", "PGHOST"), ("port", "PGPORT"), ("dbname", "PGDATABASE"), ("user", "PGUSER")):
+        if params.get(name) is not None:
+            env[var] = str(params[name])
+    subprocess.run(shlex.split(INSTALL), env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def is_schema_statement(statement: str) -> bool:
+    """Is it one of cases.json's "schema" statements other than CREATE
+    EXTENSION idempotency (which :func:`install_edition` does)?"""
+    return not statement.upper().startswith("CREATE EXTENSION")
+
+
 @pytest.fixture(scope="session")
 def admin() -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection for looking at the server from outside."""
     with psycopg.connect("", autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'"
-                            ).fetchone() == (1,), "the test database lacks the idempotency extension"
+        assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'idem_begin'"
+                            " AND pg_function_is_visible(oid)").fetchone() != (0,), \
+            "the test database lacks the idempotency extension"
         yield conn
+
+
+@pytest.fixture(scope="session")
+def portable(admin: psycopg.Connection[Any]) -> bool:
+    """Is the server's edition the portable one (SQL and PL/pgSQL)?"""
+    row = admin.execute("SELECT to_regprocedure('idem_portable_version()') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
+def expire_completed(admin: psycopg.Connection[Any], key: str) -> None:
+    """Move the key's completed record past its ttl, as test/demo does, in
+    the tables that the edition keeps records in: the C edition's
+    idem_result and idem_record (which one depends on its durability mode),
+    the portable edition's one idem_record (docs/managed-postgresql.md,
+    "durability")."""
+    for table in ("idem_result", "idem_record"):
+        row = admin.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+        if row and row[0]:
+            admin.execute(sql.SQL("UPDATE {} SET expires_at = now() - interval '1 s'"
+                                  " WHERE key = %s AND completed_at IS NOT NULL").format(sql.Identifier(table)),
+                          (key,))
 
 
 @pytest.fixture(scope="session")
@@ -139,10 +197,10 @@ def own_server_running() -> Iterator[Server]:
                    check=True, stdout=subprocess.DEVNULL)
     conninfo = f"host={tmp} port=5432 dbname=postgres"
     server = Server(bindir, datadir, conninfo)
-    server.ctl("-l", os.path.join(tmp, "log"), "-o", f"-k {tmp} -c listen_addresses= -p 5432", "start")
+    options = os.environ.get("IDEM_TEST_SERVER_OPTIONS", "")
+    server.ctl("-l", os.path.join(tmp, "log"), "-o", f"-k {tmp} -c listen_addresses= -p 5432 {options}", "start")
     try:
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION idempotency")
+        install_edition(conninfo)
         yield server
     finally:
         try:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from conftest import DEADLINE_S, Server, own_server_running, serve
+from conftest import DEADLINE_S, Server, install_edition, is_schema_statement, own_server_running, serve
 from fastapi import FastAPI
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
@@ -189,9 +189,10 @@ def served(admin: psycopg.Connection[Any]) -> Iterator[Served]:
     dbname = f"conformance_{os.getpid()}"
     admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     try:
+        install_edition(conninfo(dbname, "conformance-runner"))
         with psycopg.connect(conninfo(dbname, "conformance-runner"), autocommit=True) as db, \
                 psycopg.connect(conninfo(dbname, "conformance-gates"), autocommit=True) as gates:
-            for statement in CASES["app"]["schema"]:
+            for statement in filter(is_schema_statement, CASES["app"]["schema"]):
                 db.execute(statement)
             with serve(make_app(dbname)) as base:
                 yield Served(base, db, gates, dbname)
@@ -342,12 +343,13 @@ def own_served() -> Iterator[Served]:
     with own_server_running() as own:
         with psycopg.connect(own.conninfo, autocommit=True) as admin:
             admin.execute("CREATE DATABASE conformance")
+        install_edition(psycopg.conninfo.make_conninfo(own.conninfo, dbname="conformance"))
 
         def connect(application: str) -> psycopg.Connection[Any]:
             return psycopg.connect(psycopg.conninfo.make_conninfo(own.conninfo, dbname="conformance",
                                                                   application_name=application), autocommit=True)
         served = Served("", connect("conformance-runner"), connect("conformance-gates"), "conformance", own=own)
-        for statement in CASES["app"]["schema"]:
+        for statement in filter(is_schema_statement, CASES["app"]["schema"]):
             served.db.execute(statement)
         try:
             yield served

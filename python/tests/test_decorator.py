@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import arun, await_for, new_key, record_state, wait_for
+from conftest import INSTALL, arun, await_for, expire_completed, install_edition, new_key, record_state, wait_for
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from test_async import open_pool
@@ -260,10 +260,7 @@ def test_outcomes_are_logged_and_reported(admin: psycopg.Connection[Any], needs_
             gate.set()
             assert first.result(30) == 0
         # the stage moves the completed record past its ttl, as test/demo does
-        for table in ("idem_result", "idem_record"):
-            admin.execute(sql.SQL("UPDATE {} SET expires_at = now() - interval '1 s'"
-                                  " WHERE key = %s AND completed_at IS NOT NULL").format(sql.Identifier(table)),
-                          (key,))
+        expire_completed(admin, key)
         with pytest.raises(idem.ResponseExpiredError):
             act(1, idempotency_key=key)
         lost = new_key("lost")
@@ -293,13 +290,25 @@ def scratch_db(admin: psycopg.Connection[Any]) -> Iterator[str]:
 
 def test_version_check(scratch_db: str) -> None:
     """The first call fails clearly when the extension is missing or older
-    than 1.4; it is checked again until it passes (an update needs no restart)."""
+    than 1.4; it is checked again until it passes (an update needs no restart).
+    The portable edition has no version before 1.6 (docs/managed-postgresql.md,
+    "versions"): there, installing it is what makes the next call pass."""
+    # the sessions' search_path names the schema of the portable edition's
+    # psql script before there is one (the database's, which the script
+    # sets, is read at a session's start only)
     with psycopg.connect(dbname=scratch_db, autocommit=True) as db, \
-            ConnectionPool(f"dbname={scratch_db}", min_size=1, max_size=2, timeout=10, open=True) as pool, \
+            ConnectionPool(f"dbname={scratch_db} options='-c search_path=public,idempotency'", min_size=1,
+                           max_size=2, timeout=10, open=True) as pool, \
             idem.Coordinator(pool) as coordinator:
         with pytest.raises(idem.ExtensionVersionError, match="not installed") as info:
             coordinator.begin(OP, new_key("v"), idem.fingerprint())
         assert info.value.installed is None and info.value.required == (1, 4)
+        if INSTALL is not None:
+            install_edition(f"dbname={scratch_db}")
+            claim = coordinator.begin(OP, new_key("v"), idem.fingerprint())
+            assert claim.status == "new"
+            claim.abort()
+            return
         db.execute("CREATE EXTENSION idempotency VERSION '1.3'")
         with pytest.raises(idem.ExtensionVersionError, match="version 1.3; idempotency_pg needs 1.4") as info:
             coordinator.begin(OP, new_key("v"), idem.fingerprint())
@@ -311,3 +320,24 @@ def test_version_check(scratch_db: str) -> None:
         claim = coordinator.begin(OP, new_key("v"), idem.fingerprint())
         assert claim.status == "new"
         claim.abort()
+
+
+def test_version_of_a_schema_install(scratch_db: str) -> None:
+    """Without an extension (the portable edition's psql script installs it
+    into a schema, with no pg_extension row), the version is what the
+    idem_portable_version() on the search_path answers: here a stand-in's."""
+    with psycopg.connect(dbname=scratch_db, autocommit=True) as db, \
+            ConnectionPool(f"dbname={scratch_db} options='-c search_path=stand_in'", min_size=1, max_size=2,
+                           timeout=10, open=True) as pool, \
+            idem.Coordinator(pool) as coordinator:
+        db.execute("CREATE SCHEMA stand_in")
+        db.execute("CREATE FUNCTION stand_in.idem_portable_version() RETURNS text LANGUAGE sql"
+                   " AS $$ SELECT '1.3' $$")
+        with pytest.raises(idem.ExtensionVersionError, match="version 1.3; .* newer idempotency--schema.sql") as info:
+            coordinator.begin(OP, new_key("v"), idem.fingerprint())
+        assert info.value.installed == "1.3" and info.value.schema
+        db.execute("CREATE OR REPLACE FUNCTION stand_in.idem_portable_version() RETURNS text LANGUAGE sql"
+                   " AS $$ SELECT '1.6' $$")
+        # the check passes: the call goes on to idem_begin, which the stand-in lacks
+        with pytest.raises(psycopg.errors.UndefinedFunction, match="idem_begin"):
+            coordinator.begin(OP, new_key("v"), idem.fingerprint())

@@ -10,9 +10,8 @@ from typing import Any
 
 import httpx
 import psycopg
-from conftest import arun, await_for, new_key, record_state
+from conftest import arun, await_for, expire_completed, new_key, record_state
 from fastapi import Depends, FastAPI, Request
-from psycopg import sql
 from pydantic import BaseModel
 from starlette.responses import Response
 from test_async import open_pool
@@ -111,10 +110,7 @@ def test_routes(admin: psycopg.Connection[Any]) -> None:
                 assert reuse.json()["stored_fingerprint"] == idem.fingerprint("a", 2).hex()
                 assert reuse.json()["request_fingerprint"] == idem.fingerprint("a", 3).hex()
                 # 410 once the response is past its ttl (the stage moves it, as test/demo does)
-                for table in ("idem_result", "idem_record"):
-                    admin.execute(sql.SQL("UPDATE {} SET expires_at = now() - interval '1 s'"
-                                          " WHERE key = %s AND completed_at IS NOT NULL")
-                                  .format(sql.Identifier(table)), (key,))
+                expire_completed(admin, key)
                 gone = await client.post("/items", json=body, headers=key_header(key))
                 assert gone.status_code == 410 and gone.json()["type"] == "/problems/idempotency-key-expired"
                 assert len(calls) == 1
