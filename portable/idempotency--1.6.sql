@@ -315,9 +315,12 @@ $_idem_check_writable$;
  *						objid its process ID): one lock per session,
  *						however many claims.  A duplicate waits for a share
  *						lock on the claiming backend's wake key, with
- *						lock_timeout at the lease end; idem_finish and
- *						idem_abort on that backend release and take back the
- *						lock, which hands it to the waiters first.
+ *						lock_timeout at the lease end, in a subtransaction
+ *						that it then rolls back (a transaction lock: an
+ *						error at the moment it is granted leaves nothing
+ *						held); idem_finish and idem_abort on that backend
+ *						release and take back the lock, which hands it to
+ *						the waiters first.
  *
  * What PL/pgSQL cannot do: wake a waiter from another backend.  A claim
  * finished or aborted on another connection than the one that made it
@@ -483,7 +486,6 @@ DECLARE
 	now CONSTANT timestamptz := clock_timestamp();
 	stop timestamptz := least(until, lock_deadline, now + make_interval(secs => most));
 	ms bigint;
-	saved text;
 BEGIN
 	IF lock_deadline <= now THEN
 		RAISE EXCEPTION 'canceling statement due to lock timeout'
@@ -499,16 +501,24 @@ BEGIN
 		PERFORM pg_sleep(ms / 1000.0);
 		RETURN false;
 	END IF;
-	saved := current_setting('lock_timeout');
+	/*
+	 * A transaction lock in a subtransaction rolled back at once, never a
+	 * session lock: an error that comes as the finish hands the lock over
+	 * (this lock_timeout, a cancel, statement_timeout) must not leave it
+	 * held, or the owner's next claim or finish, which waits for its wake
+	 * lock inside the transaction that wrote the row, and this backend,
+	 * waiting on that row at its next look, deadlock.
+	 */
 	BEGIN
 		PERFORM set_config('lock_timeout', ms::text, true);
-		PERFORM pg_advisory_lock_shared(_idem_wake_class(), waker),
-				pg_advisory_unlock_shared(_idem_wake_class(), waker);
-		PERFORM set_config('lock_timeout', saved, true);
-	EXCEPTION WHEN lock_not_available THEN
-		RETURN false;			/* the time is up (the setting is restored) */
+		PERFORM pg_advisory_xact_lock_shared(_idem_wake_class(), waker);
+		RAISE EXCEPTION USING ERRCODE = 'IK000';
+	EXCEPTION
+		WHEN lock_not_available THEN
+			RETURN false;		/* the time is up (the setting is restored) */
+		WHEN SQLSTATE 'IK000' THEN
+			RETURN true;		/* woken; the lock and the setting are undone */
 	END;
-	RETURN true;
 END
 $_idem_wait_for_claim$;
 
@@ -947,9 +957,7 @@ BEGIN
 				CONTINUE;
 			END IF;
 			IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
-				IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
-			PERFORM _idem_hold_wake_lock();
-		END IF;
+				PERFORM _idem_hold_wake_lock();
 			END IF;
 			RETURN ROW('new', new_token, NULL)::idem_claim;
 		END IF;

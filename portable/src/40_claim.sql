@@ -404,9 +404,7 @@ BEGIN
 				CONTINUE;
 			END IF;
 			IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
-				IF current_setting('idempotency_portable.wake_lock', true) IS DISTINCT FROM pg_backend_pid()::text THEN
-			PERFORM _idem_hold_wake_lock();
-		END IF;
+				PERFORM _idem_hold_wake_lock();
 			END IF;
 			RETURN ROW('new', new_token, NULL)::idem_claim;
 		END IF;
