@@ -10,11 +10,11 @@ import logging
 import math
 import re
 import typing
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Concatenate, LiteralString, ParamSpec, Protocol, TypeVar, cast, overload
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -66,10 +66,11 @@ def duration(name: str, value: Duration) -> timedelta | str | None:
     reference"), so a bad one fails there with 22023."""
     if value is None or isinstance(value, (timedelta, str)):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):
+    number = cast(object, value)  # checked at run time too: untyped callers
+    if isinstance(number, (int, float)) and not isinstance(number, bool):
+        if not math.isfinite(number):
             raise ValueError(f"{name} must be a finite number of seconds, not {value!r}")
-        return timedelta(seconds=value)
+        return timedelta(seconds=number)
     raise TypeError(f"{name} must be a timedelta, a number of seconds, an interval's text "
                     f"or None, not {type(value).__name__}")
 
@@ -105,7 +106,7 @@ class Settings:
                    policy("takeover", takeover, ("lease", "session"), optional=True),
                    duration("remember", remember))
 
-    def begin_sql(self, checkpoint: bool = False) -> str:
+    def begin_sql(self, checkpoint: bool = False) -> LiteralString:
         """idem_begin's statement; the 1.4 arguments only when set, so that a
         1.3 server serves a coordinator that does not use them.  With
         ``checkpoint``, it also records ``%(checkpoint)s`` on a new claim."""
@@ -123,7 +124,7 @@ class Settings:
 
 
 @contextlib.contextmanager
-def db_errors() -> Iterator[None]:
+def db_errors() -> Generator[None, None, None]:
     """Raise the extension's SQLSTATEs as :class:`IdempotencyError` subclasses."""
     try:
         yield
@@ -175,7 +176,7 @@ _current: ContextVar[ClaimState | None] = ContextVar("idempotency_pg_current_cla
 
 
 @contextlib.contextmanager
-def running(claim: ClaimState) -> Iterator[None]:
+def running(claim: ClaimState) -> Generator[None, None, None]:
     """The decorated call runs for ``claim``: :func:`current_claim` returns
     it until the block ends (aio.py and sync.py use this)."""
     reset = _current.set(claim)
@@ -369,7 +370,7 @@ class ResultCodec:
 
 def _path_value(value: Any, attrs: Sequence[str]) -> Any:
     for attr in attrs:
-        value = value[attr] if isinstance(value, Mapping) else getattr(value, attr)
+        value = cast(Mapping[str, Any], value)[attr] if isinstance(value, Mapping) else getattr(value, attr)
     return value
 
 
@@ -384,7 +385,8 @@ class CallSpec:
                  key_param: str = "idempotency_key", coordinator_path: str | None = None) -> None:
         self.signature = inspect.signature(func)
         params = self.signature.parameters
-        if not isinstance(key_param, str) or key_param not in params:
+        # checked at run time too: untyped callers
+        if not isinstance(cast(object, key_param), str) or key_param not in params:
             raise TypeError(f"{func.__qualname__} must take an {key_param}= argument (key_param)")
         if isinstance(fingerprint_params, str):
             raise TypeError("fingerprint_params must be a sequence of parameter names, not a str")

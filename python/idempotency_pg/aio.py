@@ -15,6 +15,10 @@ lives in :mod:`idempotency_pg._core`."""
 # :mod:`idempotency_pg._core`."""
 # }
 
+# The package's modules share _core and each other's underscored members by
+# design (one package, one author): pyright's private-usage rule is for
+# other people's privates.
+# pyright: reportPrivateUsage=false
 from __future__ import annotations
 
 import asyncio  # sync: del
@@ -27,7 +31,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence  # sync: from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection
@@ -47,7 +51,7 @@ R = TypeVar("R")
 Row = tuple[Any, ...]
 
 
-async def _execute(conn: AsyncConnection[Any], sql: str, params: Any, prepare: bool | None,
+async def _execute(conn: AsyncConnection[Any], sql: LiteralString, params: Any, prepare: bool | None,
                    wait: str | None = None) -> Row:
     # async {
     """One statement on ``conn``, its first row.  A cancelled call (task
@@ -91,14 +95,14 @@ async def _execute(conn: AsyncConnection[Any], sql: str, params: Any, prepare: b
     return tuple(row)
 
 
-async def _autocommit(pool: AsyncConnectionPool, sql: str, params: Any, prepare: bool | None) -> Row:
+async def _autocommit(pool: AsyncConnectionPool, sql: LiteralString, params: Any, prepare: bool | None) -> Row:
     """One statement in autocommit on a connection of ``pool``, which goes
     back to the pool as soon as the statement is done."""
     async with pool.connection() as conn:
         return await _autocommit_on(conn, sql, params, prepare)
 
 
-async def _autocommit_on(conn: AsyncConnection[Any], sql: str, params: Any, prepare: bool | None) -> Row:
+async def _autocommit_on(conn: AsyncConnection[Any], sql: LiteralString, params: Any, prepare: bool | None) -> Row:
     """One statement in autocommit on ``conn``, a pool's connection, whose
     autocommit is put back as it was."""
     if conn.autocommit:
@@ -210,7 +214,7 @@ class AsyncClaim(ClaimState):
         self._switched = False
         self._reconnected = False
 
-    async def _run(self, sql: str, params: Any) -> Row:
+    async def _run(self, sql: LiteralString, params: Any) -> Row:
         prepare = self._coordinator.prepare
         if self._conn is not None:
             return await _execute(self._conn, sql, params, prepare)
@@ -218,7 +222,7 @@ class AsyncClaim(ClaimState):
             return await _execute(self._held, sql, params, prepare)
         return await _autocommit(self._coordinator.pool, sql, params, prepare)
 
-    async def _rescue(self, sql: str, params: Any) -> Row:
+    async def _rescue(self, sql: LiteralString, params: Any) -> Row:
         """``sql`` on the held connection; if that connection is (or gets)
         lost, it is let go and ``sql`` runs on a new connection (the pool's
         idle ones may be lost too)."""
@@ -415,7 +419,7 @@ class AsyncCoordinator:
         self._own_claim_pool: AsyncConnectionPool | None = None
         self._claim_pool_size = claim_pool_size
         self._opening = asyncio.Lock()  # sync: self._opening = threading.Lock()
-        self._begin_sql = self.settings.begin_sql()
+        self._begin_sql: LiteralString = self.settings.begin_sql()
 
     async def __aenter__(self) -> "AsyncCoordinator":
         return self
@@ -722,7 +726,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
 
     def decorate(func: Callable[P, Awaitable[R]]) -> AsyncIdempotentFunction[P, R]:  # sync: def decorate(func: Callable[P, R]) -> IdempotentFunction[P, R]:
         # async {
-        if not asyncio.iscoroutinefunction(func):
+        if not inspect.iscoroutinefunction(func):
             raise TypeError(f"{func.__qualname__} is not an async function: use Coordinator (idempotency_pg.sync)")
         # }
         # sync {

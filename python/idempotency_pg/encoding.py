@@ -43,9 +43,10 @@ import math
 import types
 import typing
 import uuid
+from collections.abc import Mapping, Sequence
 from datetime import date, datetime, time
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from psycopg.types.json import Jsonb
 
@@ -69,21 +70,21 @@ def encode(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, uuid.UUID):
         return str(value)
-    if hasattr(value, "model_dump") and hasattr(type(value), "model_validate"):   # pydantic 2
+    if hasattr(value, "model_dump") and hasattr(type(cast(object, value)), "model_validate"):   # pydantic 2
         return value.model_dump(mode="json")
-    if hasattr(value, "json") and hasattr(type(value), "parse_obj"):              # pydantic 1
+    if hasattr(value, "json") and hasattr(type(cast(object, value)), "parse_obj"):              # pydantic 1
         return json.loads(value.json())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         out: dict[Any, Any] = {}
-        for k, v in value.items():
+        for k, v in cast(Mapping[Any, Any], value).items():
             if not isinstance(k, (str, int)) or isinstance(k, bool):
                 raise TypeError(f"cannot store a dict key of type {type(k).__name__} as JSON")
             out[k] = encode(v)
         return out
     if isinstance(value, (list, tuple)):
-        return [encode(v) for v in value]
+        return [encode(v) for v in cast(Sequence[Any], value)]
     raise TypeError(f"cannot store a {type(value).__name__} as JSON (see idempotency_pg.encoding)")
 
 
@@ -136,30 +137,31 @@ def _decode_generic(value: Any, origin: Any, args: tuple[Any, ...]) -> Any:
     import collections.abc as abc
     if isinstance(origin, type) and issubclass(origin, tuple):
         if not isinstance(value, list):
-            return _decode_class(value, origin)
+            return _decode_class(value, cast(type[Any], origin))
+        items = cast(Sequence[Any], value)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(decode(v, args[0]) for v in value)
-        if args and len(args) == len(value):
-            return tuple(decode(v, a) for v, a in zip(value, args))
-        return tuple(value)
+            return tuple(decode(v, args[0]) for v in items)
+        if args and len(args) == len(items):
+            return tuple(decode(v, a) for v, a in zip(items, args))
+        return tuple(items)
     if isinstance(origin, type) and issubclass(origin, (dict, abc.Mapping)):
         if not isinstance(value, dict):
             return value
         vt = args[1] if len(args) == 2 else Any
-        return {k: decode(v, vt) for k, v in value.items()}
+        return {k: decode(v, vt) for k, v in cast(Mapping[Any, Any], value).items()}
     if isinstance(origin, type) and issubclass(origin, (list, abc.Sequence)) and not issubclass(origin, str):
         if not isinstance(value, list):
             return value
         it = args[0] if args else Any
-        return [decode(v, it) for v in value]
+        return [decode(v, it) for v in cast(Sequence[Any], value)]
     return value
 
 
-def _decode_class(value: Any, cls: type) -> Any:
+def _decode_class(value: Any, cls: type[Any]) -> Any:
     if cls in (dict, list, str, int, float, bool, _NONE):
         return value          # JSON's own types: as stored
-    if issubclass(cls, tuple) and not hasattr(cls, "_fields"):
-        return tuple(value) if isinstance(value, list) else value
+    if tuple in cls.__mro__ and not hasattr(cls, "_fields"):   # issubclass would narrow cls
+        return tuple(cast(Sequence[Any], value)) if isinstance(value, list) else value
     if hasattr(cls, "model_validate"):                                 # pydantic 2
         return cls.model_validate(value)
     if hasattr(cls, "parse_obj") and hasattr(cls, "__fields__"):      # pydantic 1

@@ -47,16 +47,19 @@ is given.  Per request, in this order:
 Never a second run once the endpoint has run.
 """
 
+# The package's modules share _core and each other's underscored members by
+# design (one package, one author): pyright's private-usage rule is for
+# other people's privates.
+# pyright: reportPrivateUsage=false
 from __future__ import annotations
 
-import asyncio
 import base64
 import inspect
 import json
 import time
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from fastapi import Depends, Header, Request
@@ -120,7 +123,7 @@ def stored_response(stored: Mapping[str, Any], replayed: bool, media_type: str =
     """A stored response: ``{"status", "headers", "text"}`` (or ``"base64"``,
     or a JSON ``"body"``, as an application's own ``idem_finish`` may write
     it); a replay adds ``Idempotent-Replayed: true``."""
-    headers = {str(k): str(v) for k, v in (stored.get("headers") or {}).items()}
+    headers = {str(k): str(v) for k, v in cast(Mapping[Any, Any], stored.get("headers") or {}).items()}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
     if isinstance(stored.get("text"), str):
@@ -186,12 +189,12 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
         raise TypeError("fingerprint must be a sequence of parameter names, not a str")
     overrides = _core.Overrides.make(in_flight, lease, ttl, takeover, remember, wait_timeout)
     fail_open = _core.policy("on_store_error", on_store_error, ("raise", "run")) == "run"
-    dependency: Callable[..., Any]
     if isinstance(coordinator, AsyncCoordinator):
         given = coordinator
 
-        def dependency() -> AsyncCoordinator:
+        def given_coordinator() -> AsyncCoordinator:
             return given
+        dependency: Callable[..., Any] = given_coordinator
     else:
         dependency = coordinator
     keep = tuple(h.lower() for h in replay_headers)
@@ -199,7 +202,7 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
     durations = _Durations()
 
     def decorate(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Response]]:
-        if not asyncio.iscoroutinefunction(endpoint):
+        if not inspect.iscoroutinefunction(endpoint):
             raise TypeError(f"{endpoint.__qualname__} must be an async def")
         try:
             hints = typing.get_type_hints(endpoint)
@@ -235,7 +238,7 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             raw = getattr(response, "body", None)
             if not isinstance(raw, (bytes, memoryview)):
                 return None
-            data = bytes(raw)
+            data = raw if isinstance(raw, bytes) else raw.tobytes()
             headers = {k.lower(): v for k, v in response.headers.items() if k.lower() in keep}
             try:
                 return {"status": response.status_code, "headers": headers, "text": data.decode()}
@@ -418,7 +421,7 @@ async def _fingerprint_values(request: Request, paths: Sequence[tuple[str, ...]]
     (the request's JSON), checked to have one text form; any other as the
     endpoint gets it."""
     raw: Any = _MISSING
-    out = []
+    out: list[Any] = []
     for path in paths:
         value: Any = _MISSING
         if path[0] in body_params:
@@ -428,15 +431,15 @@ async def _fingerprint_values(request: Request, paths: Sequence[tuple[str, ...]]
                 except ValueError:
                     raw = None
             # one body parameter is the whole body; several are its members
-            node = raw if len(body_params) == 1 else \
-                (raw.get(path[0], _MISSING) if isinstance(raw, dict) else _MISSING)
+            node: Any = raw if len(body_params) == 1 else \
+                (cast(dict[str, Any], raw).get(path[0], _MISSING) if isinstance(raw, dict) else _MISSING)
             for attr in path[1:]:
-                node = node.get(attr, _MISSING) if isinstance(node, dict) else _MISSING
+                node = cast(dict[str, Any], node).get(attr, _MISSING) if isinstance(node, dict) else _MISSING
             value = _sent_value(".".join(path), node)
         if value is _MISSING:
             value = kwargs[path[0]]
             for attr in path[1:]:
-                value = value[attr] if isinstance(value, Mapping) else getattr(value, attr)
+                value = cast(Mapping[str, Any], value)[attr] if isinstance(value, Mapping) else getattr(value, attr)
         out.append(value)
     return out
 

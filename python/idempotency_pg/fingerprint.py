@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from decimal import Decimal
+from typing import cast
 
 #: the values :func:`fingerprint` accepts
 FingerprintValue = None | str | int | bool | Decimal | uuid.UUID
@@ -42,7 +43,7 @@ def text_form(value: FingerprintValue) -> str | None:
             return "-Infinity" if value < 0 else "Infinity"
         text = format(value, "f")
         return text.lstrip("-") if value.is_zero() else text
-    if isinstance(value, uuid.UUID):
+    if isinstance(cast(object, value), uuid.UUID):   # checked at run time: untyped callers
         return str(value)
     raise TypeError(f"cannot fingerprint a {type(value).__name__}: its text form may depend on "
                     "session settings; pass it as str of a fixed format")

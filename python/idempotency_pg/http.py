@@ -9,6 +9,10 @@ send it, one bare run of visible ASCII without quote, backslash, comma or
 semicolon; 1 to 255 characters (the extension's limit on a key).
 """
 
+# The package's modules share _core and each other's underscored members by
+# design (one package, one author): pyright's private-usage rule is for
+# other people's privates.
+# pyright: reportPrivateUsage=false
 from __future__ import annotations
 
 import json
@@ -83,7 +87,7 @@ def parse_idempotency_key(values: list[str], max_length: int = MAX_KEY_LENGTH) -
 
 def _parse_sf_string(text: str) -> str | None:
     """RFC 8941 4.2.5, the whole input being that one string."""
-    out = []
+    out: list[str] = []
     i = 1
     while i < len(text):
         c = text[i]
@@ -111,8 +115,8 @@ class Problem:
     status: int
     slug: str
     detail: str
-    extra: dict[str, Any] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict[str, Any])
+    headers: dict[str, str] = field(default_factory=dict[str, str])
     title: str | None = None
 
     def body(self, type_base: str | None = None) -> dict[str, Any]:

@@ -6,6 +6,10 @@ Made from :mod:`idempotency_pg.aio` by tools/async_to_sync: change aio.py
 and run it.  What does not depend on the I/O style lives in
 :mod:`idempotency_pg._core`."""
 
+# The package's modules share _core and each other's underscored members by
+# design (one package, one author): pyright's private-usage rule is for
+# other people's privates.
+# pyright: reportPrivateUsage=false
 from __future__ import annotations
 
 import functools
@@ -15,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
 from psycopg import ClientCursor, Connection
@@ -35,7 +39,7 @@ R = TypeVar("R")
 Row = tuple[Any, ...]
 
 
-def _execute(conn: Connection[Any], sql: str, params: Any, prepare: bool | None,
+def _execute(conn: Connection[Any], sql: LiteralString, params: Any, prepare: bool | None,
                    wait: str | None = None) -> Row:
     """One statement on ``conn``, its first row.  (Ctrl-C cancels the
     statement in the server: psycopg does that for sync connections.)  With
@@ -53,14 +57,14 @@ def _execute(conn: Connection[Any], sql: str, params: Any, prepare: bool | None,
     return tuple(row)
 
 
-def _autocommit(pool: ConnectionPool, sql: str, params: Any, prepare: bool | None) -> Row:
+def _autocommit(pool: ConnectionPool, sql: LiteralString, params: Any, prepare: bool | None) -> Row:
     """One statement in autocommit on a connection of ``pool``, which goes
     back to the pool as soon as the statement is done."""
     with pool.connection() as conn:
         return _autocommit_on(conn, sql, params, prepare)
 
 
-def _autocommit_on(conn: Connection[Any], sql: str, params: Any, prepare: bool | None) -> Row:
+def _autocommit_on(conn: Connection[Any], sql: LiteralString, params: Any, prepare: bool | None) -> Row:
     """One statement in autocommit on ``conn``, a pool's connection, whose
     autocommit is put back as it was."""
     if conn.autocommit:
@@ -166,7 +170,7 @@ class Claim(ClaimState):
         self._switched = False
         self._reconnected = False
 
-    def _run(self, sql: str, params: Any) -> Row:
+    def _run(self, sql: LiteralString, params: Any) -> Row:
         prepare = self._coordinator.prepare
         if self._conn is not None:
             return _execute(self._conn, sql, params, prepare)
@@ -174,7 +178,7 @@ class Claim(ClaimState):
             return _execute(self._held, sql, params, prepare)
         return _autocommit(self._coordinator.pool, sql, params, prepare)
 
-    def _rescue(self, sql: str, params: Any) -> Row:
+    def _rescue(self, sql: LiteralString, params: Any) -> Row:
         """``sql`` on the held connection; if that connection is (or gets)
         lost, it is let go and ``sql`` runs on a new connection (the pool's
         idle ones may be lost too)."""
@@ -333,7 +337,7 @@ class Coordinator:
         self._own_claim_pool: ConnectionPool | None = None
         self._claim_pool_size = claim_pool_size
         self._opening = threading.Lock()
-        self._begin_sql = self.settings.begin_sql()
+        self._begin_sql: LiteralString = self.settings.begin_sql()
 
     def __enter__(self) -> "Coordinator":
         return self
