@@ -1,5 +1,6 @@
 """Every ```python snippet of python/README.md and docs/applications.md,
-checked with ``mypy --strict`` as a user's type checker sees it.  A snippet
+checked with ``mypy --strict`` and with pyright in strict mode, as a
+user's type checker sees it.  A snippet
 may use the names its prose leaves to the application (``app``,
 ``provider``, ``ChargeIn``, ...): they come from a module ``shop`` made
 here, which each snippet imports (``from shop import *``) unless it imports
@@ -8,8 +9,10 @@ is checked as the body of an ``async def``."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -87,13 +90,18 @@ def snippets() -> list[tuple[str, str]]:
 
 def as_module(code: str) -> str:
     top = [line for line in code.splitlines() if line and not line.startswith((" ", "\t"))]
+    head = "from __future__ import annotations\n"
     if any(re.match(r"(return|await|async with|async for)\b", line) for line in top):
         code = "async def snippet() -> Any:\n" + textwrap.indent(code, "    ")
-    head = "" if re.search(r"^from shop import", code, re.M) else "from shop import *  # noqa\n"
-    return "from __future__ import annotations\nfrom typing import Any\n" + head + code
+        head += "from typing import Any\n"
+    if not re.search(r"^from shop import", code, re.M):
+        head += "from shop import *  # noqa\n"
+    return head + code
 
 
-def test_documented_snippets_pass_mypy_strict(tmp_path: Path) -> None:
+def write_snippets(tmp_path: Path) -> list[str]:
+    """The snippets as modules in ``tmp_path``, beside ``shop`` and
+    ``prometheus_client``; their file names."""
     found = snippets()
     assert len(found) >= 6, found
     (tmp_path / "shop.py").write_text(SHOP)
@@ -103,6 +111,23 @@ def test_documented_snippets_pass_mypy_strict(tmp_path: Path) -> None:
         path = tmp_path / (re.sub(r"\W", "_", name) + ".py")
         path.write_text(as_module(code))
         files.append(path.name)
+    return files
+
+
+def pyright(tmp_path: Path, files: list[str]) -> subprocess.CompletedProcess[str]:
+    """pyright in strict mode over ``files`` of ``tmp_path``, with the
+    package from the tree and this Python's modules.  test/python/run
+    installs pyright (from the npm registry) and names it in $PYRIGHT."""
+    exe = os.environ.get("PYRIGHT") or shutil.which("pyright")
+    assert exe, "pyright is not installed: set PYRIGHT (test/python/run installs it)"
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps({
+        "typeCheckingMode": "strict", "extraPaths": [str(REPO / "python")]}))
+    return subprocess.run([exe, "--pythonpath", sys.executable, *files],
+                          cwd=tmp_path, capture_output=True, text=True)
+
+
+def test_documented_snippets_pass_mypy_strict(tmp_path: Path) -> None:
+    files = write_snippets(tmp_path)
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'python'}{os.pathsep}{tmp_path}",
            "MYPYPATH": str(tmp_path)}
     run = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-warn-unused-ignores",
@@ -111,11 +136,13 @@ def test_documented_snippets_pass_mypy_strict(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_mypy_sees_the_signatures(tmp_path: Path) -> None:
-    """The check above can fail: a call against a decorated method's
-    signature is an error for mypy."""
-    (tmp_path / "shop.py").write_text(SHOP)
-    (tmp_path / "wrong.py").write_text(textwrap.dedent('''
+def test_documented_snippets_pass_pyright_strict(tmp_path: Path) -> None:
+    run = pyright(tmp_path, write_snippets(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+# a call against a decorated method's signature, two wrong ones on lines 23 and 24
+WRONG = textwrap.dedent('''
         from idempotency_pg import AsyncCoordinator, Coordinator, idempotent
 
         class Payments:
@@ -135,13 +162,28 @@ def test_mypy_sees_the_signatures(tmp_path: Path) -> None:
                 return 1
 
         async def use(p: Payments, s: SyncPayments) -> None:
-            a: int = await p.charge("o", idempotency_key=None)
-            b: int = s.charge("o", idempotency_key=None)
+            _a: int = await p.charge("o", idempotency_key=None)
+            _b: int = s.charge("o", idempotency_key=None)
             await p.charge(42, idempotency_key=None)
             s.charge("o", key=None)
-    '''))
+''')
+
+
+def test_mypy_sees_the_signatures(tmp_path: Path) -> None:
+    """The check above can fail: a call against a decorated method's
+    signature is an error for mypy."""
+    (tmp_path / "shop.py").write_text(SHOP)
+    (tmp_path / "wrong.py").write_text(WRONG)
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
     run = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir=/dev/null", "wrong.py"],
                          cwd=tmp_path, env=env, capture_output=True, text=True)
     errors = [line for line in run.stdout.splitlines() if ": error:" in line]
     assert [int(line.split(":")[1]) for line in errors] == [23, 24], run.stdout
+
+
+def test_pyright_sees_the_signatures(tmp_path: Path) -> None:
+    """The pyright check can fail too: the same two wrong calls."""
+    (tmp_path / "wrong.py").write_text(WRONG)
+    run = pyright(tmp_path, ["wrong.py"])
+    errors = [line for line in run.stdout.splitlines() if " - error: " in line]
+    assert sorted({int(line.split(":")[1]) for line in errors}) == [23, 24], run.stdout
