@@ -113,7 +113,8 @@ class KeyReuseError(IdempotencyError):
 
 
 # "Stored fingerprint: \xab12. Request fingerprint: NULL." (a fingerprint
-# over 64 bytes: "\xab12...... (100 bytes)")
+# over 64 bytes: "\x<the first 64 bytes in hex>... (100 bytes)", read as
+# the hex and "...")
 _FINGERPRINT = re.compile(r"\\x([0-9a-f]*(?:\.\.\.)?)|NULL")
 
 
