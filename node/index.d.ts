@@ -177,7 +177,7 @@ export class IdempotencyError extends Error {
 export class InProgressError extends IdempotencyError {}
 /** 57014: a wait that waitTimeout (statement_timeout) ended. */
 export class WaitTimeoutError extends InProgressError {}
-/** IK422. */
+/** IK422.  The fingerprints in hex, null for NULL; one over 64 bytes (cut by the server) ends in "...". */
 export class KeyReuseError extends IdempotencyError {
   readonly storedFingerprint: string | null;
   readonly requestFingerprint: string | null;

@@ -24,7 +24,8 @@ class IdempotencyError extends Error {
 class InProgressError extends IdempotencyError {}
 
 // IK422: the key was used for a request with another fingerprint.
-// storedFingerprint / requestFingerprint: hex (no \x), null for NULL.
+// storedFingerprint / requestFingerprint: hex (no \x), null for NULL; one
+// over 64 bytes, which the server cuts, is its first 64 bytes and "...".
 class KeyReuseError extends IdempotencyError {
 	constructor(message, options = {}) {
 		super(message, options);
@@ -91,12 +92,14 @@ function translate(err, context = {}) {
 	});
 }
 
-// The DETAIL of IK422 is "Stored fingerprint: \x....  Request fingerprint:
-// \x...." (bytea in hex, the default bytea_output).  The two as bare hex,
-// stored first; null when the DETAIL does not have that shape.
+// The DETAIL of IK422 is "Stored fingerprint: F. Request fingerprint: F."
+// where each F is NULL, \x and the hex of the bytes, or, over 64 bytes,
+// \x, the hex of the first 64 and "... (N bytes)".  The two as bare hex,
+// a cut one ending in "..." (as the Python package gives it), stored first;
+// null when the DETAIL does not have that shape.
 function parseFingerprints(detail) {
-	const found = [...(detail ?? '').matchAll(/\\x([0-9a-f]*)|NULL/g)]
-		.map((m) => (m[0] === 'NULL' ? null : m[1]));
+	const found = [...(detail ?? '').matchAll(/\\x([0-9a-f]*)(\.\.\.(?: \(\d+ bytes\))?)?|NULL/g)]
+		.map((m) => (m[0] === 'NULL' ? null : m[2] ? `${m[1]}...` : m[1]));
 	return found.length === 2 ? { stored: found[0], request: found[1] } : null;
 }
 

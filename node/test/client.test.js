@@ -136,6 +136,29 @@ test('KeyReuseError (IK422) reads both fingerprints whatever the language of the
 	assert.equal(err.requestFingerprint, fingerprint('cus_1', 5).toString('hex'));
 });
 
+test('KeyReuseError (IK422) reads a fingerprint over 64 bytes, which the DETAIL cuts', async () => {
+	// the server writes "\\x<first 64 bytes>... (N bytes)" for a fingerprint over
+	// 64 bytes: the package gives the hex it has, ending in "...", never a cut
+	// fingerprint as if it were whole
+	const key = newKey('reuse-long');
+	const stored = Buffer.alloc(100, 0xab);
+	const other = Buffer.alloc(65, 0xcd);
+	await (await idem.begin('op.test', key, stored)).finish({});
+	const err = await idem.begin('op.test', key, other).catch((e) => e);
+	assert.ok(err instanceof KeyReuseError, String(err));
+	assert.match(err.detail, /\(100 bytes\)/);
+	assert.equal(err.storedFingerprint, `${'ab'.repeat(64)}...`);
+	assert.equal(err.requestFingerprint, `${'cd'.repeat(64)}...`);
+	// a NULL, an empty and a 64-byte fingerprint are whole
+	const whole = Buffer.alloc(64, 0xef);
+	for (const [fp, hex] of [[null, null], [Buffer.alloc(0), ''], [whole, 'ef'.repeat(64)]]) {
+		const reused = await idem.begin('op.test', key, fp).catch((e) => e);
+		assert.ok(reused instanceof KeyReuseError, String(reused));
+		assert.equal(reused.storedFingerprint, `${'ab'.repeat(64)}...`);
+		assert.equal(reused.requestFingerprint, hex);
+	}
+});
+
 test('FencedError (IK412): a finish with a token that lost the key', async () => {
 	const key = newKey('fenced');
 	const claim = await idem.begin('op.test', key, null, { lease: '50 ms' });

@@ -22,7 +22,7 @@ from psycopg_pool import PoolTimeout
 
 from . import encoding
 from .errors import (ExtensionVersionError, InProgressError, KeyReuseError, ResponseExpiredError,
-                     translate)
+                     ResponseNotStoredError, translate)
 from .fingerprint import fingerprint
 
 log = logging.getLogger("idempotency_pg")
@@ -218,6 +218,27 @@ def unstored_state(err: BaseException) -> dict[str, Any]:
     stored"): what the retry gets with status 'recover'."""
     return {"response_not_stored": {"error": f"{type(err).__name__}: {err}"[:1000],
                                     "sqlstate": error_sqlstate(err)}}
+
+
+def is_unstored(state: Any) -> bool:
+    """Is ``state`` the package's own record of a result that was not stored
+    (:func:`unstored_state`), rather than a function's checkpoint or result?"""
+    if not isinstance(state, dict) or set(cast(dict[str, Any], state)) != {"response_not_stored"}:
+        return False
+    inner: Any = cast(dict[str, Any], state)["response_not_stored"]
+    return isinstance(inner, dict) and isinstance(cast(dict[str, Any], inner).get("error"), str) and \
+        set(cast(dict[str, Any], inner)) <= {"error", "sqlstate"}
+
+
+def unstored_error(claim: ClaimState, *, completed: bool) -> ResponseNotStoredError:
+    """The :class:`ResponseNotStoredError` of an attempt that took over (or
+    replays) the record :func:`is_unstored` recognises: the function ran
+    in an earlier attempt."""
+    inner = claim.response["response_not_stored"]
+    sqlstate = inner.get("sqlstate")
+    return ResponseNotStoredError(claim.operation, claim.key, claim.token, None, inner["error"],
+                                  sqlstate=sqlstate if isinstance(sqlstate, str) else None, detail=None,
+                                  checkpointed=not completed, completed=completed)
 
 
 def error_sqlstate(err: BaseException) -> str | None:

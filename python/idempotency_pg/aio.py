@@ -31,7 +31,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence  # sync: from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, LiteralString, TypeVar, cast
+from typing import Any, LiteralString, NoReturn, TypeVar, cast
 
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection
@@ -653,7 +653,8 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
     ``recover`` (extension 1.4): called as ``recover(state, *args,
     **kwargs)`` (it may be async) when the call took over a claim that
     had a checkpoint; its result is stored as the function's would be.
-    Without it such a call raises :class:`RecoveryNeededError`.  Either
+    Without it such a call raises :class:`RecoveryNeededError` (see below
+    for a checkpoint recording a result that was not stored).  Either
     way the claim is not aborted on failure: its checkpoint is kept for
     the next attempt.
 
@@ -666,7 +667,10 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
     A result that cannot be stored (not JSON, too large, the connection
     lost twice) raises :class:`ResponseNotStoredError` and is logged as
     an error; the claim is left pending with a checkpoint, so the next
-    attempt gets ``'recover'``, never a silent second run.
+    attempt gets ``'recover'``, never a silent second run.  Without
+    ``recover``, the attempt that gets ``'recover'`` with that
+    checkpoint completes the key with it and raises
+    :class:`ResponseNotStoredError` too, as every later attempt does.
 
     The wrapper raises what :meth:`AsyncCoordinator.begin` and
     :meth:`AsyncClaim.finish` raise.  ``wrapper.outcome(...)`` returns an
@@ -701,7 +705,8 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
     # ``recover`` (extension 1.4): called as ``recover(state, *args,
     # **kwargs)`` when the call took over a claim that
     # had a checkpoint; its result is stored as the function's would be.
-    # Without it such a call raises :class:`RecoveryNeededError`.  Either
+    # Without it such a call raises :class:`RecoveryNeededError` (see below
+    # for a checkpoint recording a result that was not stored).  Either
     # way the claim is not aborted on failure: its checkpoint is kept for
     # the next attempt.
     #
@@ -714,7 +719,10 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
     # A result that cannot be stored (not JSON, too large, the connection
     # lost twice) raises :class:`ResponseNotStoredError` and is logged as
     # an error; the claim is left pending with a checkpoint, so the next
-    # attempt gets ``'recover'``, never a silent second run.
+    # attempt gets ``'recover'``, never a silent second run.  Without
+    # ``recover``, the attempt that gets ``'recover'`` with that
+    # checkpoint completes the key with it and raises
+    # :class:`ResponseNotStoredError` too, as every later attempt does.
     #
     # The wrapper raises what :meth:`AsyncCoordinator.begin` and
     # :meth:`AsyncClaim.finish` raise.  ``wrapper.outcome(...)`` returns an
@@ -757,9 +765,13 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                 c._report(operation, key, "store_error")
                 return Outcome(await func(*args, **kwargs), False)
             if claim.status == "replay":
+                if _core.is_unstored(claim.response):
+                    raise _core.unstored_error(claim, completed=True)
                 return Outcome(results.decode(claim.response), True)
             try:
                 with _core.running(claim):
+                    if claim.status == "recover" and recover is None and _core.is_unstored(claim.response):
+                        await _complete_unstored(claim)
                     if claim.status == "recover":
                         result = await _recover(claim, recover, args, kwargs)
                     else:
@@ -806,6 +818,23 @@ async def _recover(claim: AsyncClaim, recover: Callable[..., Any] | None,
     # sync {
     # return recover(claim.response, *args, **kwargs)
     # }
+
+
+async def _complete_unstored(claim: AsyncClaim) -> NoReturn:
+    """'recover' with the package's own record of a result that was not
+    stored, and no ``recover=``: the function ran in an earlier attempt.  The
+    key is completed with that record, so that this attempt and every later
+    one raise :class:`ResponseNotStoredError`; if even that cannot be
+    stored, the record stays the claim's checkpoint for the next attempt."""
+    completed = False
+    try:
+        await claim.finish(claim.response)
+        completed = True
+    except Exception:
+        log.exception("could not complete key %r of %r with its not-stored record", claim.key, claim.operation)
+    not_stored = _core.unstored_error(claim, completed=completed)
+    log.error("%s", not_stored)
+    raise not_stored
 
 
 async def _store(claim: AsyncClaim, result: Any) -> Any:

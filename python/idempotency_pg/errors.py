@@ -113,7 +113,8 @@ class KeyReuseError(IdempotencyError):
 
 
 # "Stored fingerprint: \xab12. Request fingerprint: NULL." (a fingerprint
-# over 64 bytes: "\xab12...... (100 bytes)")
+# over 64 bytes: "\x<the first 64 bytes in hex>... (100 bytes)", read as
+# the hex and "...")
 _FINGERPRINT = re.compile(r"\\x([0-9a-f]*(?:\.\.\.)?)|NULL")
 
 
@@ -174,22 +175,36 @@ class ResponseNotStoredError(IdempotencyError):
     checkpoint (the function's own, or one recording this failure), so that
     the next attempt gets status ``'recover'`` with it instead of ``'new'``
     (python/README.md, "When the result cannot be stored").  ``result`` is the
-    function's result, as it was returned.  HTTP: 500."""
+    function's result, as it was returned.
 
-    def __init__(self, operation: str, key: str, token: int, result: Any, cause: BaseException, *,
-                 sqlstate: str | None, detail: str | None, checkpointed: bool) -> None:
-        then = ("the claim is left pending with a checkpoint: the next attempt gets 'recover'"
-                if checkpointed else
-                "the claim is left pending WITHOUT a checkpoint (the server has no idem_checkpoint, or "
-                "it failed): the next attempt after the lease gets 'new' and runs again")
-        super().__init__(f"the function of {operation!r} ran for key {key!r}, but its result was not "
-                         f"stored ({type(cause).__name__}: {cause}); {then}",
-                         sqlstate=sqlstate, detail=detail)
+    A later attempt raises it too, with ``result`` ``None`` and no
+    ``__cause__`` (``sqlstate`` is the first failure's), when it took over
+    the failure's own checkpoint and the call has no ``recover=``: it
+    completes the key with that record, and ``completed`` is true; every
+    attempt after it, replaying the record, raises it the same way.
+    HTTP: 500 (a retry's: 410, docs/http.md's ``response-not-stored``)."""
+
+    def __init__(self, operation: str, key: str, token: int | None, result: Any, cause: BaseException | str, *,
+                 sqlstate: str | None, detail: str | None, checkpointed: bool, completed: bool = False) -> None:
+        if isinstance(cause, str):
+            then = ("the key is completed with that answer: it never runs again" if completed else
+                    "the key keeps that checkpoint: after its lease the next attempt gets 'recover' again")
+            message = (f"the function of {operation!r} ran for key {key!r} in an earlier attempt, but its "
+                       f"result was not stored ({cause}); {then}")
+        else:
+            then = ("the claim is left pending with a checkpoint: the next attempt gets 'recover'"
+                    if checkpointed else
+                    "the claim is left pending WITHOUT a checkpoint (the server has no idem_checkpoint, or "
+                    "it failed): the next attempt after the lease gets 'new' and runs again")
+            message = (f"the function of {operation!r} ran for key {key!r}, but its result was not "
+                       f"stored ({type(cause).__name__}: {cause}); {then}")
+        super().__init__(message, sqlstate=sqlstate, detail=detail)
         self.operation = operation
         self.key = key
         self.token = token
         self.result = result
         self.checkpointed = checkpointed
+        self.completed = completed
 
 
 _BY_SQLSTATE: dict[str, type[IdempotencyError]] = {

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, LiteralString, TypeVar, cast
+from typing import Any, LiteralString, NoReturn, TypeVar, cast
 
 import psycopg
 from psycopg import ClientCursor, Connection
@@ -559,7 +559,8 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
     ``recover`` (extension 1.4): called as ``recover(state, *args,
     **kwargs)`` when the call took over a claim that
     had a checkpoint; its result is stored as the function's would be.
-    Without it such a call raises :class:`RecoveryNeededError`.  Either
+    Without it such a call raises :class:`RecoveryNeededError` (see below
+    for a checkpoint recording a result that was not stored).  Either
     way the claim is not aborted on failure: its checkpoint is kept for
     the next attempt.
 
@@ -572,7 +573,10 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
     A result that cannot be stored (not JSON, too large, the connection
     lost twice) raises :class:`ResponseNotStoredError` and is logged as
     an error; the claim is left pending with a checkpoint, so the next
-    attempt gets ``'recover'``, never a silent second run.
+    attempt gets ``'recover'``, never a silent second run.  Without
+    ``recover``, the attempt that gets ``'recover'`` with that
+    checkpoint completes the key with it and raises
+    :class:`ResponseNotStoredError` too, as every later attempt does.
 
     The wrapper raises what :meth:`Coordinator.begin` and
     :meth:`Claim.finish` raise.  ``wrapper.outcome(...)`` returns an
@@ -608,9 +612,13 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                 c._report(operation, key, "store_error")
                 return Outcome(func(*args, **kwargs), False)
             if claim.status == "replay":
+                if _core.is_unstored(claim.response):
+                    raise _core.unstored_error(claim, completed=True)
                 return Outcome(results.decode(claim.response), True)
             try:
                 with _core.running(claim):
+                    if claim.status == "recover" and recover is None and _core.is_unstored(claim.response):
+                        _complete_unstored(claim)
                     if claim.status == "recover":
                         result = _recover(claim, recover, args, kwargs)
                     else:
@@ -649,6 +657,23 @@ def _recover(claim: Claim, recover: Callable[..., Any] | None,
         assert claim.token is not None
         raise RecoveryNeededError(claim.operation, claim.key, claim.token, claim.response)
     return recover(claim.response, *args, **kwargs)
+
+
+def _complete_unstored(claim: Claim) -> NoReturn:
+    """'recover' with the package's own record of a result that was not
+    stored, and no ``recover=``: the function ran in an earlier attempt.  The
+    key is completed with that record, so that this attempt and every later
+    one raise :class:`ResponseNotStoredError`; if even that cannot be
+    stored, the record stays the claim's checkpoint for the next attempt."""
+    completed = False
+    try:
+        claim.finish(claim.response)
+        completed = True
+    except Exception:
+        log.exception("could not complete key %r of %r with its not-stored record", claim.key, claim.operation)
+    not_stored = _core.unstored_error(claim, completed=completed)
+    log.error("%s", not_stored)
+    raise not_stored
 
 
 def _store(claim: Claim, result: Any) -> Any:

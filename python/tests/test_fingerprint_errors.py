@@ -105,6 +105,22 @@ def test_key_reuse_fingerprints_from_the_detail(admin: psycopg.Connection[Any]) 
     assert (info.value.stored_fingerprint, info.value.request_fingerprint) == ("ff...", "00")
 
 
+def test_key_reuse_long_fingerprints_from_the_server(admin: psycopg.Connection[Any]) -> None:
+    """A fingerprint over 64 bytes, which the server's DETAIL cuts ("\\x<64
+    bytes>... (100 bytes)"): the hex it has, ending in "..."; NULL, empty and
+    64 bytes are whole."""
+    from psycopg_pool import ConnectionPool
+    with ConnectionPool("", min_size=1, max_size=2, open=True) as pool, \
+            idem.Coordinator(pool, in_flight="raise") as coordinator:
+        key = "reuse-long-" + str(uuid.uuid4())
+        coordinator.begin("op.errors", key, b"\xab" * 100).finish({"ok": True})
+        for fp, hex_ in ((b"\xcd" * 65, "cd" * 64 + "..."), (None, None), (b"", ""), (b"\xef" * 64, "ef" * 64)):
+            with pytest.raises(idem.KeyReuseError) as reuse:
+                coordinator.begin("op.errors", key, fp)
+            assert "(100 bytes)" in (reuse.value.detail or "")
+            assert (reuse.value.stored_fingerprint, reuse.value.request_fingerprint) == ("ab" * 64 + "...", hex_)
+
+
 def test_errors_from_the_server(admin: psycopg.Connection[Any]) -> None:
     """The real errors of idem_begin / idem_finish, through a coordinator."""
     from psycopg_pool import ConnectionPool

@@ -39,6 +39,11 @@ def kill_other_backends(admin: psycopg.Connection[Any]) -> None:
     assert left is not None and left[0] == 0
 
 
+def record_state(admin: psycopg.Connection[Any], key: str) -> str | None:
+    row = admin.execute("SELECT state FROM idem_inspect(%s, %s)", (OP, key)).fetchone()
+    return None if row is None else row[0]
+
+
 def logged_errors(caplog: pytest.LogCaptureFixture, key: str) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.name == "idempotency_pg" and r.levelno == logging.ERROR and key in r.getMessage()]
@@ -67,12 +72,41 @@ def test_unstorable_result_async(admin: psycopg.Connection[Any], needs_1_4: None
                 assert info.value.detail is not None
                 assert isinstance(info.value.__cause__, idem.ResponseTooLargeError)
             assert logged_errors(caplog, key), "the failure is logged at error level"
-            # the retry is told: 'recover' with the failure, not 'new'
-            with pytest.raises(idem.RecoveryNeededError) as retry:
-                await act(idempotency_key=key)
-            assert retry.value.state["response_not_stored"]["sqlstate"] == SQLSTATE[kind]
+            # the retry takes over the package's own not-stored checkpoint and,
+            # without recover=, completes the key with it: ResponseNotStoredError,
+            # as every later retry gets, never RecoveryNeededError nor a second run
+            for attempt in ("completes", "replays"):
+                with pytest.raises(idem.ResponseNotStoredError) as retry:
+                    await act(idempotency_key=key)
+                assert retry.value.completed and not retry.value.checkpointed, attempt
+                assert retry.value.sqlstate == SQLSTATE[kind] and retry.value.result is None
+                assert record_state(admin, key) == "completed", attempt
             assert ran == [key]
     arun(main())
+
+
+def test_unstored_checkpoint_completes_the_key_sync(admin: psycopg.Connection[Any], needs_1_4: None) -> None:
+    """The same with Coordinator: the retry that takes over the package's own
+    not-stored checkpoint, without recover=, completes the key with it."""
+    with ConnectionPool("", min_size=1, max_size=2, timeout=10, open=True) as pool, \
+            idem.Coordinator(pool, takeover="session", lease=1) as coordinator:
+        ran: list[str] = []
+
+        @coordinator.idempotent(operation=OP)
+        def act(*, idempotency_key: str) -> Any:
+            ran.append(idempotency_key)
+            return UNSTORABLE["oversize"]
+
+        key = new_key("sync-terminal")
+        with pytest.raises(idem.ResponseNotStoredError) as info:
+            act(idempotency_key=key)
+        assert info.value.checkpointed and not info.value.completed
+        for attempt in ("completes", "replays"):
+            with pytest.raises(idem.ResponseNotStoredError) as retry:
+                act.outcome(idempotency_key=key)
+            assert retry.value.completed and retry.value.sqlstate == "54000", attempt
+            assert record_state(admin, key) == "completed", attempt
+        assert ran == [key]
 
 
 def test_unstorable_result_sync(admin: psycopg.Connection[Any], needs_1_4: None,
