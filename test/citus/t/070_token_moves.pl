@@ -11,6 +11,9 @@
 #    claim's token is greater;
 #  - the same with a forced idem_forget: the stale attempt's finish gets
 #    IK412, the new owner's is served and replayed;
+#  - a key aborted on the worker whose epoch is ahead, its shard split and
+#    the half holding the key placed on the other worker: the next claim's
+#    token is greater;
 #  - a worker added later (its first epoch later by the clock), the
 #    records prepared with idem_distribute() and a shard moved onto it by
 #    the rebalancer; a key claimed there and forgotten, its shard moved
@@ -109,6 +112,28 @@ is($st, 'IK412', "$key: the stale attempt's finish is fenced off");
 $coord->safe_psql('postgres', qq{SELECT idem_finish('charge', '$key', $t2, '{"by": "owner"}')});
 is($w2->safe_psql('postgres', qq{SELECT status || ' ' || response FROM idem_begin('charge', '$key', NULL)}),
 	'replay {"by": "owner"}', "$key: replays the owner's response");
+
+# ---- aborted, then its shard split onto the other worker ----
+
+# worker 2 started its epoch last: a key of its shard, claimed and aborted,
+# then the shard split in two at the key, the half holding the key placed
+# on worker 1
+$key = key_on('split', $w2);
+$t1 = claim_token($key);
+is($coord->safe_psql('postgres', qq{SELECT idem_abort('charge', '$key', $t1)}), 't', "$key: aborted");
+my ($shard) = split /\|/, placement_of($key);
+my ($lo, $hi, $h) = split /\|/, $coord->safe_psql('postgres', qq{
+	SELECT shardminvalue || '|' || shardmaxvalue || '|' || worker_hash('$key'::text)
+	  FROM pg_dist_shard WHERE shardid = $shard});
+my ($id1, $id2) = map { $coord->safe_psql('postgres', sprintf(q{SELECT nodeid FROM pg_dist_node WHERE nodeport = %d}, $_->port)) } ($w1, $w2);
+# a split point is the last hash value of the lower half
+my ($point, $nodes) = $h > $lo ? ($h - 1, "$id2, $id1") : ($h, "$id1, $id2");
+$coord->safe_psql('postgres', qq{
+	SELECT citus_split_shard_by_split_points($shard, ARRAY['$point'], ARRAY[$nodes],
+		shard_transfer_mode => 'block_writes')});
+is((split /\|/, placement_of($key))[1], $w1->port, "$key: the half of its shard holding it is on " . $w1->name);
+$t2 = claim_token($key);
+cmp_ok($t2, '>', $t1, "$key: the claim after the abort and the split has a greater token");
 
 # ---- a worker added later, rebalanced onto, and moved off ----
 
