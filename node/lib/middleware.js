@@ -521,8 +521,27 @@ class Attempt {
 			}
 			log.error(`${where}: not even the response-not-stored answer could be stored; the claim is given up:`,
 				err.code ?? '', err.message);
+			await this.keepPending(err);
 			claim.release({ close: true });
 			return 'unstored';
+		}
+	}
+
+	// The last resort when nothing can be stored: a checkpoint saying so,
+	// so that the next attempt gets 'recover' (and, without a recover
+	// handler, completes the key with the response-not-stored answer), not
+	// 'new'.  A route with checkpoints keeps its own: its recover handler
+	// decides.
+	async keepPending(err) {
+		const { claim, log } = this;
+		if (this.route.checkpointState || !claim.pending) {
+			return;
+		}
+		try {
+			await claim.checkpoint({ response_not_stored: { error: `${err.code ?? ''} ${err.message}`.trim().slice(0, 1000) } });
+		} catch (e) {
+			log.error(`idempotency-pg: ${claim.operation} ${JSON.stringify(claim.key)}: idem_checkpoint failed; ` +
+				'after its lease (or session) the key runs again:', e.code ?? '', e.message);
 		}
 	}
 

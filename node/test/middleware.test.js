@@ -20,6 +20,7 @@ let server;
 let idem;
 const outcomes = {};
 const gates = new Map();	// key -> a promise the handler waits for
+const arrivals = new Map();	// key -> resolves once a handler is at its gate
 
 const newKey = (label) => `${label}-${randomUUID()}`;
 
@@ -38,7 +39,7 @@ before(async () => {
 	};
 	// automatic: what res.json sends is stored
 	app.post('/auto/:account', idem.middleware(opts), async (req, res) => {
-		await gates.get(req.idempotency.key);
+		await atGate(req.idempotency.key);
 		if (req.body.fail) {
 			return res.status(502).json({ error: 'provider down' });
 		}
@@ -49,7 +50,7 @@ before(async () => {
 	// explicit: the effect in the finishing statement
 	// (a takeover's retry, status 'recover', runs the same function)
 	const explicit = async (req, res) => {
-		await gates.get(req.idempotency.key);
+		await atGate(req.idempotency.key);
 		await req.idempotency.respond(
 			{ status: 201, headers: { location: '/x' }, body: { status: req.idempotency.status, recovered: req.idempotency.recovered } },
 			{ effect: { text: 'INSERT INTO effects (key, amount) VALUES ($5, $6)', values: [req.idempotency.key, req.body.amount] } });
@@ -92,10 +93,19 @@ async function serverFingerprint(...values) {
 	return rows[0].fp;
 }
 
+// gate(key): the handlers of key wait until the function returned is
+// called; its .reached resolves once a handler waits there
 function gate(key) {
 	let open;
 	gates.set(key, new Promise((resolve) => { open = resolve; }));
-	return () => { open(); gates.delete(key); };
+	const release = () => { open(); gates.delete(key); };
+	release.reached = new Promise((resolve) => { arrivals.set(key, resolve); });
+	return release;
+}
+
+async function atGate(key) {
+	arrivals.get(key)?.();
+	await gates.get(key);
 }
 
 async function pendingState(key, operation) {
@@ -229,6 +239,9 @@ test('checkpoint on: after the attempt\'s session ended, the retry gets recover 
 	const open = gate(key);
 	const first = post('/explicit/acc1', { key });
 	await pendingState(key, 'test.explicit');
+	// the first attempt's handler waits at its gate: it must not run
+	// before the retry (gates.delete below lets the retry's handler by)
+	await open.reached;
 	const { rows: [claim] } = await s.db.query(`SELECT checkpoint FROM idem_inspect('test.explicit', $1)`, [key]);
 	assert.deepEqual(claim.checkpoint, { idempotency_key: key });
 	// the worker's connection ends (as when its process dies)
@@ -244,6 +257,39 @@ test('checkpoint on: after the attempt\'s session ended, the retry gets recover 
 	assert.equal(old.status, 500, 'the first attempt lost its claim: IK412');
 	assert.equal(old.json.type, '/problems/response-not-stored');
 	assert.equal(await effects(key), 1, 'only the owner\'s effect committed');
+});
+
+test('nothing can be stored after the handler ran: the key keeps a checkpoint, and the retry answers 410, never runs it again', async () => {
+	const key = newKey('nostore');
+	// every finish of this key fails (a server error), its checkpoint does not
+	await s.db.query(`CREATE FUNCTION refuse_finish() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.key = '${key}' AND NEW.completed_at IS NOT NULL THEN
+				RAISE EXCEPTION 'no room for %', NEW.key;
+			END IF;
+			RETURN NEW;
+		END $$`);
+	// a completed record is written to idem_record, or to idem_result in the
+	// modes that keep completed records apart
+	await s.db.query(`DO $$
+		BEGIN
+			CREATE TRIGGER refuse_finish BEFORE INSERT OR UPDATE ON idem_record FOR EACH ROW EXECUTE FUNCTION refuse_finish();
+			IF to_regclass('idem_result') IS NOT NULL THEN
+				CREATE TRIGGER refuse_finish BEFORE INSERT OR UPDATE ON idem_result FOR EACH ROW EXECUTE FUNCTION refuse_finish();
+			END IF;
+		END $$`);
+	try {
+		const first = await post('/auto/acc1', { key });
+		assert.equal(first.status, 500, first.text);
+		assert.equal(first.json.type, '/problems/response-not-stored');
+	} finally {
+		await s.db.query('DROP FUNCTION refuse_finish() CASCADE');
+	}
+	const retry = await post('/auto/acc1', { key });
+	assert.equal(retry.status, 410, retry.text);
+	assert.equal(retry.json.type, '/problems/response-not-stored');
+	assert.equal((await post('/auto/acc1', { key })).headers.get('idempotent-replayed'), 'true');
+	assert.equal(await effects(key), 1, 'the handler ran once');
 });
 
 test('onOutcome counted new, replay, recover, in_progress, key_reuse and expired', () => {
