@@ -169,6 +169,9 @@ class Claim(ClaimState):
         self._held_pool: ConnectionPool | None = None
         self._switched = False
         self._reconnected = False
+        # set by the decorator without recover=: a checkpoint there would
+        # leave every later attempt with 'recover' and nothing to answer it
+        self._checkpoint_refusal: str | None = None
 
     def _run(self, sql: LiteralString, params: Any) -> Row:
         prepare = self._coordinator.prepare
@@ -270,7 +273,11 @@ class Claim(ClaimState):
         """``idem_checkpoint`` (extension 1.4): record ``state`` (JSON) as the
         claim's progress; a takeover after the lease lapses (or, with
         ``takeover="session"``, once the claiming session ended) gets status
-        ``'recover'`` with it.  Raises :class:`LostClaimError` (IK412)."""
+        ``'recover'`` with it.  Raises :class:`LostClaimError` (IK412), and
+        ``TypeError`` in a function decorated without ``recover=`` (nothing
+        is written)."""
+        if self._checkpoint_refusal is not None:
+            raise TypeError(self._checkpoint_refusal)
         self._run(CHECKPOINT_SQL, self._params(state=_core.to_json(state)))
         self.checkpointed = True
 
@@ -615,6 +622,11 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                 if _core.is_unstored(claim.response):
                     raise _core.unstored_error(claim, completed=True)
                 return Outcome(results.decode(claim.response), True)
+            if recover is None:
+                claim._checkpoint_refusal = (
+                    f"{getattr(func, '__qualname__', func)!r} checkpoints its claim, but was decorated "
+                    "without recover=: the attempt that takes the key over would get 'recover' and "
+                    "have nothing to answer it with; pass recover=")
             try:
                 with _core.running(claim):
                     if claim.status == "recover" and recover is None and _core.is_unstored(claim.response):

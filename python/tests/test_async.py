@@ -275,6 +275,19 @@ def test_checkpoint_and_recover(admin: psycopg.Connection[Any], needs_1_4: None)
                 await bare(idempotency_key=key2)
             assert info.value.state == {"step": 9} and dead.token is not None and info.value.token > dead.token
             assert record_state(admin, "saga", key2) == "pending"
+
+            # a function decorated without recover= may not checkpoint (the
+            # attempt after a takeover would have nothing to answer 'recover'
+            # with): TypeError, nothing written, the claim aborted
+            @coordinator.idempotent(operation="saga")
+            async def careless(*, idempotency_key: str) -> Any:
+                await idem.current_claim().checkpoint({"step": 1})
+                return "ran"
+
+            key3 = new_key("saga-careless")
+            with pytest.raises(TypeError, match="recover="):
+                await careless(idempotency_key=key3)
+            assert record_state(admin, "saga", key3) is None
     arun(main())
 
 

@@ -131,6 +131,18 @@ def test_checkpoint_and_recover(admin: psycopg.Connection[Any], pool: Connection
         with pytest.raises(idem.LostClaimError):
             dead.finish("late")
 
+        # without recover=, a checkpoint is refused: nothing written, the
+        # claim aborted
+        @coordinator.idempotent(operation="saga")
+        def careless(*, idempotency_key: str) -> Any:
+            idem.current_claim().checkpoint({"step": 1})
+            return "ran"
+
+        key2 = new_key("sync-saga-careless")
+        with pytest.raises(TypeError, match="recover="):
+            careless(idempotency_key=key2)
+        assert record_state(admin, "saga", key2) is None
+
 
 def test_result_type_pydantic(pool: ConnectionPool) -> None:
     """A pydantic result is stored as JSON and restored as the model on replay."""
