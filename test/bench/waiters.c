@@ -23,12 +23,15 @@
  *       disconnect to the moment the duplicate's idem_begin returns 'new'.
  *
  *   waiters idle N SECONDS
- *       N duplicates wait SECONDS on one committed claim.  Sums the CPU
+ *       N duplicates wait SECONDS on one committed claim (after a round
+ *       unmeasured, so that each backend has waited before).  Sums the CPU
  *       time of their N server backends (/proc/PID/sched, ns precision;
  *       /proc/PID/stat ticks as a cross-check) and their voluntary context
  *       switches over the wait: sleepers use neither, pollers both.
  *
  * Connects with libpq defaults (PGHOST, PGPORT, PGDATABASE, PGUSER).
+ * WAITERS_EDITION=portable measures the portable edition (portable/), whose
+ * sleeping duplicate pg_locks shows otherwise (see sleeping_locks).
  * Wall times come from clock_gettime(CLOCK_MONOTONIC).  One thread drives
  * every connection with poll(), so "at once" means within the few
  * microseconds it takes to hand N queries to the kernel, and every reply is
@@ -49,8 +52,15 @@
 #include <libpq-fe.h>
 
 #define FP "\\x3a1f0c6e9b2d4f8a7c5e3b1d9f7a5c3e1b9d7f5a3c1e9b7d5f3a1c9e7b5d3f1a"
-/* the waiter lock class of locks.c: pg_locks.objsubid of a sleeping duplicate */
-#define WAITER_OBJSUBID "18764"	/* 0x494C */
+/*
+ * The pg_locks rows of sleeping duplicates.  The C edition: the waiter lock
+ * class of locks.c (objsubid 0x494C), granted while the duplicate sleeps on
+ * its latch.  The portable edition: a request for the claiming backend's
+ * wake lock (classid 0x494B0001, objsubid 2), not granted while it sleeps.
+ */
+#define SLEEPING_C "locktype = 'advisory' AND objsubid = 18764 AND granted"
+#define SLEEPING_PORTABLE "locktype = 'advisory' AND classid = 1229651969 AND objsubid = 2 AND NOT granted"
+static const char *sleeping_locks = SLEEPING_C;
 
 static void
 die(const char *fmt,...)
@@ -391,24 +401,25 @@ hotkey(int n, int action_ms, const char *shape, int trials)
 
 /* ---------------------------------------------------------------- wakeup */
 
-/* Wait until backend pid holds the waiter lock, i.e. sleeps on its latch */
+/* Wait until count duplicates (or backend pid) sleep: sleeping_locks shows them */
 static double
 wait_until_sleeping(PGconn *mon, int pid, int count)
 {
 	char		pid_s[16],
 				count_s[16];
 	const char *p[2] = {pid_s, count_s};
+	char		sql[512];
 	double		t0 = now_ms();
+
+	snprintf(sql, sizeof(sql),
+			 "SELECT count(*) >= $2::int FROM pg_locks"
+			 " WHERE %s AND ($1::int = 0 OR pid = $1::int)", sleeping_locks);
 
 	snprintf(pid_s, sizeof(pid_s), "%d", pid);
 	snprintf(count_s, sizeof(count_s), "%d", count);
 	for (;;)
 	{
-		PGresult   *r = run(mon,
-							"SELECT count(*) >= $2::int FROM pg_locks"
-							" WHERE locktype = 'advisory' AND objsubid = " WAITER_OBJSUBID
-							"   AND granted AND ($1::int = 0 OR pid = $1::int)",
-							2, p);
+		PGresult   *r = run(mon, sql, 2, p);
 		int			ok = PQgetvalue(r, 0, 0)[0] == 't';
 
 		PQclear(r);
@@ -633,7 +644,8 @@ idle(int n, double seconds)
 			   *after = calloc(n, sizeof(CpuSample));
 	char		key[64],
 				token[32],
-				r_s[64];
+				r_s[64],
+				sql[512];
 	const char *p[3];
 	PGresult   *r;
 	double		t0,
@@ -654,6 +666,34 @@ idle(int n, double seconds)
 		pids[i] = PQbackendPID(conns[i]);
 		warm(conns[i], 0);
 	}
+
+	/*
+	 * One round unmeasured: every duplicate's backend has waited once
+	 * before, as in a pool (the portable edition compiles its PL/pgSQL
+	 * wait functions at a backend's first wait)
+	 */
+	snprintf(key, sizeof(key), "idle-warm-%d", (int) getpid());
+	p[0] = key;
+	r = run(owner, "SELECT token FROM idem_begin('bench.idle', $1, '" FP "'::bytea, 'wait', '10 min')", 1, p);
+	snprintf(token, sizeof(token), "%s", PQgetvalue(r, 0, 0));
+	PQclear(r);
+	for (int i = 0; i < n; i++)
+		send_or_die(conns[i], "SELECT status FROM idem_begin('bench.idle', $1, '" FP "'::bytea, 'wait')", 1, p);
+	wait_until_sleeping(mon, 0, n);
+	p[1] = token;
+	p[2] = "{}";
+	PQclear(run(owner, "SELECT idem_finish('bench.idle', $1, $2::int8, $3::jsonb)", 3, p));
+	for (int i = 0; i < n; i++)
+	{
+		while ((r = try_result(conns[i])) == NULL)
+		{
+			struct pollfd pfd = {PQsocket(conns[i]), POLLIN, 0};
+
+			poll(&pfd, 1, 1000);
+		}
+		PQclear(r);
+	}
+
 	snprintf(key, sizeof(key), "idle-%d", (int) getpid());
 	p[0] = key;
 	r = run(owner, "SELECT status, token FROM idem_begin('bench.idle', $1, '" FP "'::bytea, 'wait', '10 min')", 1, p);
@@ -675,7 +715,8 @@ idle(int n, double seconds)
 		after[i] = cpu_of(pids[i]);
 
 	/* still all waiting? */
-	r = run(mon, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = " WAITER_OBJSUBID " AND granted", 0, NULL);
+	snprintf(sql, sizeof(sql), "SELECT count(*) FROM pg_locks WHERE %s", sleeping_locks);
+	r = run(mon, sql, 0, NULL);
 	sleeping = atoi(PQgetvalue(r, 0, 0));
 	PQclear(r);
 	for (int i = 0; i < n; i++)
@@ -737,7 +778,13 @@ idle(int n, double seconds)
 int
 main(int argc, char **argv)
 {
+	const char *edition = getenv("WAITERS_EDITION");
+
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (edition != NULL && strcmp(edition, "portable") == 0)
+		sleeping_locks = SLEEPING_PORTABLE;
+	else if (edition != NULL && edition[0] != '\0' && strcmp(edition, "c") != 0)
+		die("WAITERS_EDITION must be c or portable, not \"%s\"", edition);
 	if (argc == 6 && strcmp(argv[1], "hotkey") == 0)
 		hotkey(atoi(argv[2]), atoi(argv[3]), argv[4], atoi(argv[5]));
 	else if (argc == 3 && strcmp(argv[1], "wakeup") == 0)
