@@ -597,6 +597,11 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
             raise TypeError(f"{func.__qualname__} is an async function: use idempotency_pg.aio.AsyncCoordinator")
         spec = _core.CallSpec(func, fingerprint_params, key_param, path)
         results = _core.ResultCodec(func, result_type)
+        # without recover=, the function's claims refuse checkpoints
+        refusal = None if recover is not None else (
+            f"{func.__qualname__!r} checkpoints its claim, but was decorated without recover=: the "
+            "attempt that takes the key over would get 'recover' and have nothing to answer it "
+            "with; pass recover=")
 
         def outcome(*args: Any, **kwargs: Any) -> Outcome:
             bound = spec.bind(args, kwargs)
@@ -622,11 +627,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                 if _core.is_unstored(claim.response):
                     raise _core.unstored_error(claim, completed=True)
                 return Outcome(results.decode(claim.response), True)
-            if recover is None:
-                claim._checkpoint_refusal = (
-                    f"{getattr(func, '__qualname__', func)!r} checkpoints its claim, but was decorated "
-                    "without recover=: the attempt that takes the key over would get 'recover' and "
-                    "have nothing to answer it with; pass recover=")
+            claim._checkpoint_refusal = refusal
             try:
                 with _core.running(claim):
                     if claim.status == "recover" and recover is None and _core.is_unstored(claim.response):
