@@ -27,12 +27,12 @@
  * lock back while it sleeps, so that neither a move nor the other
  * attempt's finish queues behind it) -- and checks that the shard's
  * placement is on this node; a call that held it there before the move
- * took it away is told to retry (40001).  A call
- * that was not delegated (inside PL/pgSQL, with a key that is not a
- * constant, or through a node that routes by stale metadata) therefore
- * fails with a clear error on the wrong node, rather than answering from
- * a shard that is not the key's: a source shard outlives its move until
- * Citus drops it.  Calls for the whole store (idem_purge, idem_stats) read
+ * took it away, or that Citus sent here by the placements before the move
+ * (the move's source copy, which Citus drops later, is still here), is
+ * told to retry (40001).  Any other call on a node without the key's
+ * shard, one Citus did not delegate (inside PL/pgSQL, with a key that is
+ * not a constant), fails with a clear error (0A000), rather than answering from a shard that is
+ * not the key's.  Calls for the whole store (idem_purge, idem_stats) read
  * this node's shards: every node purges its own.
  *
  * Records colocated with a tenant's table (after
@@ -66,6 +66,7 @@
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "catalog/pg_namespace_d.h"
+#include "catalog/pg_proc_d.h"
 #include "commands/extension.h"
 #include "nodes/primnodes.h"
 #include "nodes/readfuncs.h"
@@ -281,6 +282,31 @@ placed_on(int64 shardid, int32 group, TransactionId *xmin)
 	return found;
 }
 
+/*
+ * Has Citus made funcid a distributed function, whose calls it delegates
+ * (pg_dist_object)?
+ */
+bool
+idem_citus_function_distributed(Oid funcid)
+{
+	Oid			catalog = citus_catalog("pg_dist_object");
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData skey[2];
+	bool		found;
+
+	rel = table_open(catalog, AccessShareLock);
+	ScanKeyInit(&skey[0], citus_column(catalog, "classid"), BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(ProcedureRelationId));
+	ScanKeyInit(&skey[1], citus_column(catalog, "objid"), BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(funcid));
+	scan = systable_beginscan(rel, citus_catalog("pg_dist_object_pkey"), true, NULL, 2, skey);
+	found = HeapTupleIsValid(systable_getnext(scan));
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return found;
+}
+
 /* The shard relation on this node: the table's name and _shardid */
 static Oid
 shard_relid(Oid relid, int64 shardid)
@@ -293,6 +319,20 @@ shard_relid(Oid relid, int64 shardid)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("shard \"%s\" is placed on this node but does not exist", name)));
 	return shard;
+}
+
+/*
+ * Is a copy of shard shardid of relid left on this node?  A shard move
+ * leaves its source behind, no longer placed here, until Citus's deferred
+ * cleanup drops it: a call that finds it was routed here by the placements
+ * before the move.
+ */
+bool
+idem_citus_copy_left_here(Oid relid, int64 shardid)
+{
+	char	   *name = psprintf("%s_" INT64_FORMAT, get_rel_name(relid), shardid);
+
+	return OidIsValid(get_relname_relid(name, get_rel_namespace(relid)));
 }
 
 static RouteCache route = {0};

@@ -56,5 +56,7 @@ extern bool idem_citus_loaded(void);
 extern bool idem_citus_distributed(Oid records);
 extern RouteCache *idem_citus_layout(const IdemObjects *objects);
 extern ShardRoute *idem_citus_shard_of_hash(RouteCache *rc, int32 hash);
+extern bool idem_citus_copy_left_here(Oid relid, int64 shardid);
+extern bool idem_citus_function_distributed(Oid funcid);
 
 #endif							/* IDEM_CITUS_H */

@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * citus_guard.c
- *	  A NULL distribution argument, refused before Citus plans the call.
+ *	  The calls Citus would take a node down with, refused before Citus
+ *	  plans them.
  *
  * Citus delegates a call of a distributed function -- SELECT f(...), or
  * SELECT ... FROM f(...) -- by hashing the constant its distribution
@@ -14,6 +15,17 @@
  * (22004), so this planner hook, which runs before Citus's (the library
  * is preloaded after Citus), refuses such a call of one of ours with that
  * error while planning it, on every node, whatever the layout.
+ *
+ * Citus 13.2 also takes the node down when the planner folds a call's
+ * arguments to constants from other items of the query -- SELECT ... FROM
+ * (VALUES ('k')) v(k), idem_inspect('op', v.k), or SELECT idem_inspect('op',
+ * v.k) FROM (VALUES ('k')) v(k): it then delegates the call by the query
+ * the planner has scribbled on, and crashes deparsing it (any distributed
+ * function's, on a node that does not hold the shard).  Where our
+ * function is distributed, a call of it whose arguments read other items
+ * of a query that reads no table, which is the only kind the planner can
+ * fold so, is refused while planning (0A000): Citus would not delegate it
+ * anyway, and the documented form is a call with constant arguments.
  *
  *-------------------------------------------------------------------------
  */
@@ -28,8 +40,10 @@
 #include "optimizer/optimizer.h"
 #include "optimizer/planner.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/syscache.h"
 
+#include "citus.h"
 #include "citus_guard.h"
 
 static planner_hook_type prev_planner = NULL;
@@ -115,17 +129,8 @@ folds_to_null(Node *arg, ParamListInfo params)
 }
 
 static void
-refuse_null_distribution_arg(Node *expr, ParamListInfo params)
+refuse_null_distribution_arg(FuncExpr *call, int key_arg, int tenant_arg, ParamListInfo params)
 {
-	FuncExpr   *call;
-	int			key_arg,
-				tenant_arg;
-
-	if (expr == NULL || !IsA(expr, FuncExpr))
-		return;
-	call = (FuncExpr *) expr;
-	if (!distribution_args(call->funcid, &key_arg, &tenant_arg))
-		return;
 	if (tenant_arg >= 0 && tenant_arg < list_length(call->args) &&
 		folds_to_null(list_nth(call->args, tenant_arg), params))
 		ereport(ERROR,
@@ -138,6 +143,60 @@ refuse_null_distribution_arg(Node *expr, ParamListInfo params)
 				 errmsg("argument \"%s\" must not be null", "key")));
 }
 
+/* Does the query read a table, at its level or in a subquery in FROM? */
+static bool
+reads_a_table(List *rtable)
+{
+	ListCell   *lc;
+
+	foreach(lc, rtable)
+	{
+		RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
+
+		if (rte->rtekind == RTE_RELATION)
+			return true;
+		if (rte->rtekind == RTE_SUBQUERY && reads_a_table(rte->subquery->rtable))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Refuse a call of one of our distributed functions whose arguments read
+ * other items of a query that reads no table (see the top)
+ */
+static void
+refuse_folded_call(FuncExpr *call, Query *parse)
+{
+	if (!contain_var_clause((Node *) call->args) || reads_a_table(parse->rtable) ||
+		!idem_citus_function_distributed(call->funcid))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("%s cannot take its arguments from other items of the query on a Citus node",
+					get_func_name(call->funcid)),
+			 errdetail("The function is distributed, and Citus 13.2 takes the node down when it delegates such a call."),
+			 errhint("Call it with constant arguments, SELECT %s('op', 'key', ...), or with parameters.",
+					 get_func_name(call->funcid))));
+}
+
+/* Refuse expr if it is a call of one of ours that Citus would crash on */
+static void
+guard_call(Node *expr, Query *parse, ParamListInfo params)
+{
+	FuncExpr   *call;
+	int			key_arg,
+				tenant_arg;
+
+	if (expr == NULL || !IsA(expr, FuncExpr))
+		return;
+	call = (FuncExpr *) expr;
+	if (!distribution_args(call->funcid, &key_arg, &tenant_arg))
+		return;
+	refuse_null_distribution_arg(call, key_arg, tenant_arg, params);
+	refuse_folded_call(call, parse);
+}
+
 static PlannedStmt *
 citus_guard_planner(Query *parse, const char *query_string, int cursor_options,
 					ParamListInfo params)
@@ -148,7 +207,7 @@ citus_guard_planner(Query *parse, const char *query_string, int cursor_options,
 		ListCell   *lc;
 
 		foreach(lc, parse->targetList)
-			refuse_null_distribution_arg((Node *) ((TargetEntry *) lfirst(lc))->expr, params);
+			guard_call((Node *) ((TargetEntry *) lfirst(lc))->expr, parse, params);
 		foreach(lc, parse->rtable)
 		{
 			RangeTblEntry *rte = (RangeTblEntry *) lfirst(lc);
@@ -157,7 +216,7 @@ citus_guard_planner(Query *parse, const char *query_string, int cursor_options,
 			if (rte->rtekind != RTE_FUNCTION)
 				continue;
 			foreach(fc, rte->functions)
-				refuse_null_distribution_arg(((RangeTblFunction *) lfirst(fc))->funcexpr, params);
+				guard_call(((RangeTblFunction *) lfirst(fc))->funcexpr, parse, params);
 		}
 	}
 	if (prev_planner != NULL)

@@ -166,7 +166,13 @@ idem_citus_route(IdemObjects *objects, const IdemKey *key, bool write, int64 *lo
 	AcceptInvalidationMessages();
 	rc = idem_citus_layout(objects);
 	shard = idem_citus_shard_of_hash(rc, hash);
-	if ((shard->shardid != shardid || !shard->local) && moved_while_asleep)
+	/*
+	 * Not here, but it was before the lock, or a move left its copy here
+	 * (Citus routed the call by the placements before the move): the call
+	 * raced the move
+	 */
+	if ((shard->shardid != shardid || !shard->local) &&
+		(moved_while_asleep || idem_citus_copy_left_here(objects->records, shardid)))
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("the idempotency record of key \"%s\" moved to another node during the call",

@@ -13,7 +13,9 @@
 #    coordinator and through a worker commits or rolls back as one, and the
 #    coordinator killed at its commit leaves one charge or none;
 #  - what distributed records refuse: 'session' claims, a call that Citus
-#    did not delegate (from PL/pgSQL), a durability switch;
+#    did not delegate (from PL/pgSQL), a call whose arguments the planner
+#    folds from a query that reads no table (which Citus 13.2 would crash
+#    on), a durability switch;
 #  - under load on every node: the record shards moved (the default
 #    transfer mode, and block_writes), a worker stopped and started, a
 #    worker added and rebalanced onto; then every key is charged at most
@@ -310,6 +312,21 @@ $coord->safe_psql('postgres', q{
 is($st, '0A000', 'a call Citus did not delegate is refused');
 like($err, qr/is not on this node/, 'and says why');
 is($coord->safe_psql('postgres', q{SELECT count(*) FROM idem_inspect('charge', 'r-2')}), '0', 'and wrote nothing');
+# arguments the planner folds from other items of a query that reads no
+# table: Citus 13.2 would delegate the call by the scribbled-on query and
+# crash deparsing it, on a node without the shard
+for my $n ($coord, $w1, $w2)
+{
+	for my $q (q{SELECT count(*) FROM (VALUES ('r-2')) v(k), idem_inspect('charge', v.k)},
+		q{SELECT idem_begin('charge', k, NULL) FROM (SELECT 'r-2' AS k) s})
+	{
+		($st, undef, $err) = try_sql($n, 'postgres', $q);
+		is($st, '0A000', $n->name . ": [$q] is refused while planned")
+		  or diag($err);
+	}
+	is($n->safe_psql('postgres', q{SELECT count(*) FROM idem_inspect('charge', 'r-2')}), '0',
+		$n->name . ': the node is up, and nothing was written');
+}
 
 # ---- under load: shard moves, a worker stopped, a worker added ----
 

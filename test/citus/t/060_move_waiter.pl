@@ -112,5 +112,35 @@ for my $mode (qw(block_writes auto))
 		qq{completed $tok {"n": "$mode"}}, "$key ($mode): the key keeps the owner's token and response");
 }
 
+# ---- a call Citus routed by the placements before a move ----
+# Citus sends a call to the node its placements name.  A move that commits
+# between the routing and the call leaves that node without the key's
+# shard, only the move's source copy, until Citus's deferred cleanup drops
+# it: the call must be told to retry (40001), which Citus routes anew, not
+# refused as a call Citus never delegated (0A000) -- the owner's finish
+# above, refused so, left its key pending, and the waiter then took it
+# over.  The race lasts microseconds; the state it leaves is made here: a
+# call the node serves itself (its key is not a constant, so Citus does
+# not delegate it), on the node a move has just left.
+$coord->safe_psql('postgres', q{ALTER SYSTEM SET citus.defer_shard_delete_interval = -1});
+$coord->reload;
+{
+	my $key = 'mw-left';
+	my ($shard, $port) = split /\|/, placement_of($key);
+	my ($holder, $other) = $port == $w1->port ? ($w1, $w2) : ($w2, $w1);
+	$coord->safe_psql('postgres', sprintf(
+		q{SELECT citus_move_shard_placement(%d, '%s', %d, '%s', %d, shard_transfer_mode => 'block_writes')},
+		$shard, $coord->host, $holder->port, $coord->host, $other->port));
+	my $local_call = qq{SELECT count(*) FROM idem_inspect('charge', (SELECT '$key'))};
+	my ($st, undef, $err) = try_sql($holder, 'postgres', $local_call);
+	is($st, '40001', "$key: a call on the node a move has just left, routed there before the move, is told to retry")
+	  or diag($err);
+	like($err, qr/moved to another node during the call/, "$key: and says why");
+	$coord->safe_psql('postgres', q{CALL citus_cleanup_orphaned_resources()});
+	($st, undef, $err) = try_sql($holder, 'postgres', $local_call);
+	is($st, '0A000', "$key: once Citus has dropped the move's source, such a call is one Citus did not delegate")
+	  or diag($err);
+}
+
 $_->stop for @nodes;
 done_testing();
