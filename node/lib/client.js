@@ -211,6 +211,17 @@ function isTransient(err) {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+// Send a statement again after err, its attempt-th failure?  Only a
+// serialization failure (40001: the statement's transaction rolled back,
+// nothing was done) on a connection in no transaction (client's status
+// 'I' once the error is in; a pg too old to tell counts as one): in a
+// transaction of the application's own (BEGIN on claim.connection) it
+// aborted that transaction, and is thrown.
+function serializationRetry(err, attempt, client) {
+	return err?.code === '40001' && attempt < SERIALIZATION_RETRIES
+		&& (client.getTransactionStatus?.() ?? 'I') === 'I';
+}
+
 // idem_begin on conn, under statement_timeout = waitTimeout (ms) if given,
 // retried on 40001 -> its row.  On an error there is no claim: the
 // connection goes back to the pool (closed if it broke).
@@ -225,9 +236,9 @@ async function claimOn(conn, statement, waitTimeout) {
 				const results = await conn.query(text);
 				return results[results.length - 1].rows[0];
 			} catch (err) {
-				// docs/errors.md, "Errors and HTTP": under REPEATABLE READ the snapshot
-				// may not see a concurrent result; the retry replays it
-				if (err.code !== '40001' || attempt >= SERIALIZATION_RETRIES) {
+				// docs/errors.md: under REPEATABLE READ the snapshot may not see a
+				// concurrent result; the retry replays it
+				if (!serializationRetry(err, attempt, conn.client)) {
 					throw err;
 				}
 			}
@@ -427,12 +438,28 @@ class Claim {
 
 	// A statement of the claim's, on its own connection; on finishPool if that
 	// connection broke (the claim lapsed with its session; until another
-	// attempt takes it over, the token still holds it).
+	// attempt takes it over, the token still holds it).  Sent again after a
+	// serialization failure (40001: a Citus shard move raced it, or
+	// default_transaction_isolation is repeatable read; it rolled back, so
+	// nothing was done): a finish failing so would leave the claim pending
+	// after the action ran, for a takeover to run it again.  Not in a
+	// transaction the application opened on claim.connection
+	// (serializationRetry).
 	async run(statement) {
-		if (this.conn.usable) {
-			return this.conn.query(statement);
+		for (let attempt = 1; ; attempt++) {
+			const conn = this.conn.usable ? this.conn : new HeldConnection(await this.client.finishPool.connect());
+			try {
+				return await conn.query(statement);
+			} catch (err) {
+				if (!serializationRetry(err, attempt, conn.client)) {
+					throw err;
+				}
+			} finally {
+				if (conn !== this.conn) {
+					conn.release();
+				}
+			}
 		}
-		return query(this.client.finishPool, statement);
 	}
 
 	values(...rest) {
@@ -445,9 +472,9 @@ class Claim {
 	//
 	// effect: a data-modifying statement (INSERT / UPDATE / DELETE) run in
 	// the same statement, so in the same transaction, as idem_finish; its
-	// parameters are numbered from $5.  Retried on connection errors (the
-	// action was done: a claim left pending would make the next retry run it
-	// again).  On IK412 (LostClaimError) the connection goes back to the pool.
+	// parameters are numbered from $5.  Retried on connection errors and on
+	// 40001 (run(): the action was done: a claim left pending would make the
+	// next retry run it again).  On IK412 (LostClaimError) the connection goes back to the pool.
 	// On another error the server sent (54000, 22004, an effect's error) the
 	// claim stays held: finish again (a smaller response), abort (nothing
 	// happened), or release.  When the connection is lost for good the

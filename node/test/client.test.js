@@ -14,7 +14,7 @@ const {
 	IdempotencyClient, InProgressError, WaitTimeoutError, KeyReuseError, FencedError, ExpiredError, InputError,
 	ResponseTooLargeError, IdempotencyError, fingerprint,
 } = require('..');
-const { expireCompleted, scratchDatabase, sleep } = require('./db');
+const { expireCompleted, failFirstFinish, scratchDatabase, sleep } = require('./db');
 
 // What many applications do: bigint columns as JavaScript numbers, for the
 // whole process.  Tokens are above 2^53: they must never go through it.
@@ -255,6 +255,23 @@ test('finish with an effect: the effect and idem_finish in one statement (one tr
 	await assert.rejects(lost.finish({}, { effect: { ...effect, values: [key2, 1] } }), FencedError);
 	assert.equal((await s.db.query('SELECT 1 FROM effects WHERE key = $1', [key2])).rowCount, 0);
 	await owner.abort();
+});
+
+test('40001 on a finish in a transaction the application opened on claim.connection is thrown, not retried', async () => {
+	const key = newKey('serialization-tx');
+	const trigger = await failFirstFinish(s.db, key);
+	try {
+		const claim = await idem.begin('op.test', key, null);
+		await claim.connection.query('BEGIN');
+		await assert.rejects(claim.finish({ ok: 1 }), { code: '40001' });
+		assert.equal(await trigger.attempts(), 1, 'not sent again in the aborted transaction');
+		assert.ok(claim.pending, 'the claim stays held');
+		await claim.connection.query('ROLLBACK');
+		assert.deepEqual(await claim.finish({ ok: 2 }), { ok: 2 }, 'finished once the application rolled back');
+		assert.equal((await state(key)).state, 'completed');
+	} finally {
+		await trigger.drop();
+	}
 });
 
 test('renew extends the lease; onOutcome counted every outcome', async () => {

@@ -98,4 +98,41 @@ async function expireCompleted(db, key) {
 	}
 }
 
-module.exports = { SERVER_OPTIONS, expireCompleted, installEdition, isSchemaStatement, scratchDatabase, sleep };
+// failFirstFinish(db, key) -> { attempts(), drop() }: a trigger on the
+// record tables that fails the first write of the key's completed record
+// with a serialization failure (40001), as the extension on Citus answers
+// a finish that raced a shard move, and lets later ones through;
+// attempts() counts the finishes (a sequence: not rolled back with them)
+async function failFirstFinish(db, key) {
+	await db.query('CREATE SEQUENCE finish_attempts');
+	await db.query(`CREATE FUNCTION fail_first_finish() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.key = '${key}' AND NEW.completed_at IS NOT NULL AND nextval('finish_attempts') = 1 THEN
+				RAISE EXCEPTION 'the record of % moved', NEW.key USING ERRCODE = 'serialization_failure';
+			END IF;
+			RETURN NEW;
+		END $$`);
+	// a completed record is written to idem_record, or to idem_result in the
+	// modes that keep completed records apart
+	for (const table of ['idem_record', 'idem_result']) {
+		const { rows } = await db.query('SELECT to_regclass($1) IS NOT NULL AS found', [table]);
+		if (rows[0].found) {
+			await db.query(`CREATE TRIGGER fail_first_finish BEFORE INSERT OR UPDATE ON ${table}
+			                FOR EACH ROW EXECUTE FUNCTION fail_first_finish()`);
+		}
+	}
+	return {
+		async attempts() {
+			const { rows } = await db.query('SELECT CASE WHEN is_called THEN last_value ELSE 0 END::int AS n FROM finish_attempts');
+			return rows[0].n;
+		},
+		async drop() {
+			await db.query('DROP FUNCTION fail_first_finish() CASCADE');
+			await db.query('DROP SEQUENCE finish_attempts');
+		},
+	};
+}
+
+module.exports = {
+	SERVER_OPTIONS, expireCompleted, failFirstFinish, installEdition, isSchemaStatement, scratchDatabase, sleep,
+};

@@ -12,7 +12,7 @@ const { randomUUID } = require('node:crypto');
 const express = require('express');
 
 const { IdempotencyClient } = require('..');
-const { expireCompleted, scratchDatabase, sleep } = require('./db');
+const { expireCompleted, failFirstFinish, scratchDatabase, sleep } = require('./db');
 
 let s;
 let base;
@@ -290,6 +290,24 @@ test('nothing can be stored after the handler ran: the key keeps a checkpoint, a
 	assert.equal(retry.json.type, '/problems/response-not-stored');
 	assert.equal((await post('/auto/acc1', { key })).headers.get('idempotent-replayed'), 'true');
 	assert.equal(await effects(key), 1, 'the handler ran once');
+});
+
+test('a finish that fails with 40001 (a Citus shard move raced it) is sent again: stored, the effect done once, the retry replays', async () => {
+	const key = newKey('serialization');
+	const trigger = await failFirstFinish(s.db, key);
+	try {
+		const first = await post('/explicit/acc1', { key });
+		assert.equal(first.status, 201, first.text);
+		assert.equal(await trigger.attempts(), 2, 'the finish failed once and was sent again');
+	} finally {
+		await trigger.drop();
+	}
+	const { rows } = await s.db.query('SELECT state FROM idem_inspect($1, $2)', ['test.explicit', key]);
+	assert.deepEqual(rows, [{ state: 'completed' }]);
+	const retry = await post('/explicit/acc1', { key });
+	assert.equal(retry.status, 201, retry.text);
+	assert.equal(retry.headers.get('idempotent-replayed'), 'true');
+	assert.equal(await effects(key), 1, 'the effect, in the finishing statement, was done once');
 });
 
 test('onOutcome counted new, replay, recover, in_progress, key_reuse and expired', () => {

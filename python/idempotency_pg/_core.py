@@ -611,7 +611,9 @@ class Record:
 
 
 def serialization_retry(err: psycopg.Error, attempt: int) -> bool:
-    """Retry idem_begin after 40001 (docs/errors.md, "Errors and HTTP": the retry replays)?"""
+    """Send a statement again after 40001 (docs/errors.md): idem_begin (the
+    retry replays a concurrent result), or a held claim's autocommitted
+    finish, abort or checkpoint (nothing was done)?"""
     return err.sqlstate == "40001" and attempt < SERIALIZATION_RETRIES
 
 

@@ -95,6 +95,27 @@ async def _execute(conn: AsyncConnection[Any], sql: LiteralString, params: Any, 
     return tuple(row)
 
 
+async def _retried(conn: AsyncConnection[Any], sql: LiteralString, params: Any, prepare: bool | None) -> Row:
+    """One statement of a held claim's (the external-call shape) on
+    ``conn``, in autocommit, sent again after a serialization failure
+    (40001): the statement's transaction rolled back and nothing was done
+    (a Citus shard move raced it, or a server whose
+    default_transaction_isolation is repeatable read).  A finish left
+    failing so would leave the claim pending after the action ran, for a
+    takeover to run it again.  A 40001 in a transaction of the caller's
+    (the in-transaction shape, or a connection not idle after the error)
+    aborted that transaction: it is raised."""
+    attempt = 1
+    while True:
+        try:
+            return await _execute(conn, sql, params, prepare)
+        except psycopg.Error as err:
+            if (not _core.serialization_retry(err, attempt)
+                    or conn.info.transaction_status != TransactionStatus.IDLE):
+                raise
+            attempt += 1
+
+
 async def _autocommit(pool: AsyncConnectionPool, sql: LiteralString, params: Any, prepare: bool | None) -> Row:
     """One statement in autocommit on a connection of ``pool``, which goes
     back to the pool as soon as the statement is done."""
@@ -222,7 +243,7 @@ class AsyncClaim(ClaimState):
         if self._conn is not None:
             return await _execute(self._conn, sql, params, prepare)
         if self._held is not None:
-            return await _execute(self._held, sql, params, prepare)
+            return await _retried(self._held, sql, params, prepare)
         return await _autocommit(self._coordinator.pool, sql, params, prepare)
 
     async def _rescue(self, sql: LiteralString, params: Any) -> Row:
@@ -232,7 +253,7 @@ class AsyncClaim(ClaimState):
         held = self._held
         if held is not None and not held.closed and not held.broken:
             try:
-                return await _execute(held, sql, params, self._coordinator.prepare)
+                return await _retried(held, sql, params, self._coordinator.prepare)
             except psycopg.Error as err:
                 if not _core.lost_connection(held, err):
                     raise
@@ -242,7 +263,7 @@ class AsyncClaim(ClaimState):
         self._reconnected = True
         conn = await _connect(self._coordinator.pool)
         try:
-            return await _execute(conn, sql, params, self._coordinator.prepare)
+            return await _retried(conn, sql, params, self._coordinator.prepare)
         finally:
             await conn.close()
 

@@ -57,6 +57,27 @@ def _execute(conn: Connection[Any], sql: LiteralString, params: Any, prepare: bo
     return tuple(row)
 
 
+def _retried(conn: Connection[Any], sql: LiteralString, params: Any, prepare: bool | None) -> Row:
+    """One statement of a held claim's (the external-call shape) on
+    ``conn``, in autocommit, sent again after a serialization failure
+    (40001): the statement's transaction rolled back and nothing was done
+    (a Citus shard move raced it, or a server whose
+    default_transaction_isolation is repeatable read).  A finish left
+    failing so would leave the claim pending after the action ran, for a
+    takeover to run it again.  A 40001 in a transaction of the caller's
+    (the in-transaction shape, or a connection not idle after the error)
+    aborted that transaction: it is raised."""
+    attempt = 1
+    while True:
+        try:
+            return _execute(conn, sql, params, prepare)
+        except psycopg.Error as err:
+            if (not _core.serialization_retry(err, attempt)
+                    or conn.info.transaction_status != TransactionStatus.IDLE):
+                raise
+            attempt += 1
+
+
 def _autocommit(pool: ConnectionPool, sql: LiteralString, params: Any, prepare: bool | None) -> Row:
     """One statement in autocommit on a connection of ``pool``, which goes
     back to the pool as soon as the statement is done."""
@@ -178,7 +199,7 @@ class Claim(ClaimState):
         if self._conn is not None:
             return _execute(self._conn, sql, params, prepare)
         if self._held is not None:
-            return _execute(self._held, sql, params, prepare)
+            return _retried(self._held, sql, params, prepare)
         return _autocommit(self._coordinator.pool, sql, params, prepare)
 
     def _rescue(self, sql: LiteralString, params: Any) -> Row:
@@ -188,7 +209,7 @@ class Claim(ClaimState):
         held = self._held
         if held is not None and not held.closed and not held.broken:
             try:
-                return _execute(held, sql, params, self._coordinator.prepare)
+                return _retried(held, sql, params, self._coordinator.prepare)
             except psycopg.Error as err:
                 if not _core.lost_connection(held, err):
                     raise
@@ -198,7 +219,7 @@ class Claim(ClaimState):
         self._reconnected = True
         conn = _connect(self._coordinator.pool)
         try:
-            return _execute(conn, sql, params, self._coordinator.prepare)
+            return _retried(conn, sql, params, self._coordinator.prepare)
         finally:
             conn.close()
 
