@@ -22,6 +22,17 @@
  * own, which is enough without shared memory); it reads the epochs again
  * after a restart, and when the value is a billion transactions old.
  *
+ * A dump of the coordinator carries its epoch sequence, not the workers'.
+ * So a worker raises the coordinator's epoch sequence to each epoch it
+ * starts, before it issues the epoch's first token
+ * (idem_citus_record_epoch): the coordinator's epoch is then at or above
+ * every epoch the cluster has used, and a cluster restored from its dump,
+ * whose nodes read the coordinator's epoch before their first token for a
+ * shard, issues tokens above every dumped one -- also for a key whose
+ * record was deleted before the dump.  A worker therefore starts an epoch
+ * (after a restart, for a shard that came to it, every 32 million tokens)
+ * only while the coordinator can be reached.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -32,6 +43,7 @@
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "storage/lock.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
@@ -215,6 +227,107 @@ idem_citus_other_epochs(Oid epoch_seq, int64 mask)
 	}
 	PG_END_TRY();
 	return greatest;
+}
+
+/*
+ * The lock (pg_advisory_xact_lock's, by a bigint) under which an epoch
+ * sequence is raised to another node's epoch, and under which a node with
+ * distributed records starts an epoch of its own: the raise reads the
+ * sequence, then sets it.
+ */
+#define EPOCH_RAISE_LOCK	INT64CONST(0x494B45706F636801)
+
+/*
+ * Take (lock) or give back EPOCH_RAISE_LOCK, around the start of an epoch
+ * on a node with distributed records
+ */
+void
+idem_citus_lock_epochs(bool lock)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (EPOCH_RAISE_LOCK >> 32),
+						 (uint32) EPOCH_RAISE_LOCK, 1);
+	if (lock)
+		(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	else
+		LockRelease(&tag, ExclusiveLock, false);
+}
+
+/*
+ * Raise the coordinator's epoch_seq to epoch (epoch_bits wide, below the
+ * timeline), which this worker has started and not yet used (see the top); as
+ * the sequence's owner, over Citus's connection to the coordinator.  The
+ * sequence keeps its timeline (1 where no epoch has set one), so that the
+ * coordinator's own next epoch is above it.  Refused (08006) if the
+ * coordinator cannot be reached: the epoch is then never used.
+ */
+void
+idem_citus_record_epoch(const IdemObjects *objects, Oid epoch_seq, int64 epoch, int epoch_bits)
+{
+	int64		mask = (INT64CONST(1) << epoch_bits) - 1;
+	RouteCache *rc = idem_citus_layout(objects);
+	Relation	seq;
+	Oid			owner;
+	char	   *name;
+	Oid			save_userid;
+	int			save_sec_context;
+	StringInfoData raise;
+	StringInfoData query;
+
+	if (rc == NULL || !rc->distributed || rc->group == CITUS_COORDINATOR_GROUP)
+		return;
+	seq = relation_open(epoch_seq, AccessShareLock);
+	owner = seq->rd_rel->relowner;
+	name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(seq)),
+									  RelationGetRelationName(seq));
+	relation_close(seq, NoLock);
+
+	initStringInfo(&raise);
+	appendStringInfo(&raise,
+					 "DO $idem_epoch$ BEGIN "
+					 "PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true); "
+					 "PERFORM pg_advisory_xact_lock(" INT64_FORMAT "); "
+					 "PERFORM setval(%s, greatest(s.last_value >> %d, 1) << %d | " INT64_FORMAT ", true) "
+					 "FROM %s s WHERE (s.last_value & " INT64_FORMAT ") < " INT64_FORMAT "; "
+					 "END $idem_epoch$",
+					 EPOCH_RAISE_LOCK, quote_literal_cstr(name), epoch_bits, epoch_bits,
+					 epoch, name, mask, epoch);
+	initStringInfo(&query);
+	appendStringInfo(&query,
+					 "SELECT n.success, n.result FROM pg_catalog.run_command_on_coordinator(%s) n",
+					 quote_literal_cstr(raise.data));
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		bool		isnull;
+		bool		success = false;
+		char	   *result = NULL;
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (SPI_execute(query.data, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not record the fencing token epoch on the Citus coordinator");
+		if (SPI_processed == 1)
+		{
+			success = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+			result = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+		}
+		if (!success)
+			ereport(ERROR,
+					(errcode(ERRCODE_CONNECTION_FAILURE),
+					 errmsg("could not record a fencing token epoch on the Citus coordinator"),
+					 errdetail("The coordinator answered: %s", result != NULL ? result : "(nothing)"),
+					 errhint("A worker records each epoch it starts on the coordinator, whose dump then carries it; retry when the coordinator is up.")));
+		SPI_finish();
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
+	PG_END_TRY();
 }
 
 /*

@@ -54,7 +54,9 @@
  *
  * On a Citus cluster with distributed records each node has its own
  * sequences; a node that serves a shard that came to it from another
- * starts an epoch above every other node's first (sync_with_citus).
+ * starts an epoch above every other node's first (sync_with_citus), and a
+ * worker records each epoch it starts on the coordinator, whose dump
+ * carries it (citus_tokens.c).
  *
  * Timeline numbers belong to one cluster.  A dump restored into another
  * cluster, or pg_upgrade's new cluster, starts over on its own timelines,
@@ -317,17 +319,31 @@ start_epoch(IdemStore *store, int bits, int64 min_epoch)
 	 */
 	set_sequence(store->token_seq, PG_INT64_MIN, false);
 
+	/* another node's epoch may be raising this one's (citus_tokens.c) */
+	if (store->shard != 0)
+		idem_citus_lock_epochs(true);
 	if (bits == COUNT_BITS)
 		epoch = next_epoch(store->epoch_seq,
 						   idem_catalog_member(store->extension, store->token_seq, "idem_token_cluster"),
 						   min_epoch);
 	else
 		epoch = nextval_internal(store->epoch_seq, false);
+	if (store->shard != 0)
+		idem_citus_lock_epochs(false);
 
 	/* the WAL that covers this epoch; done at once if nextval did not log */
 	(void) read_sequence(store->epoch_seq, &lsn);
 	XLogFlush(lsn);
 	wait_for_sync_standbys(lsn);
+
+	/* a worker's epoch, on the coordinator too, which a dump carries */
+	if (store->shard != 0 && bits == COUNT_BITS)
+	{
+		IdemObjects objects;
+
+		idem_catalog_objects(store->fn_oid, &objects);
+		idem_citus_record_epoch(&objects, store->epoch_seq, epoch, EPOCH_BITS);
+	}
 
 	set_sequence(store->token_seq, epoch << bits, true);
 }

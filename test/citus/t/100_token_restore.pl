@@ -10,9 +10,13 @@
 # Cluster A: a worker fails over once (here: its WAL moved to timeline 2
 # with pg_resetwal, as a promoted standby's is), so its tokens are a band
 # ahead of the clock, and of every epoch the restored cluster starts from
-# the clock.  On that worker: a key finished, a claim held (1 h lease), a
-# claim whose lease lapses before the dump.  After the restore:
+# the clock.  On that worker: a key finished, a key claimed and aborted
+# (its record deleted), a claim held (1 h lease), a claim whose lease
+# lapses before the dump.  After the restore:
 #  - the finished key replays its response;
+#  - the aborted key's next claim gets a token greater than its aborted
+#    one: no record carries that token, the coordinator's epoch sequence
+#    does (a worker records each epoch it starts there, citus_tokens.c);
 #  - the held claim is still held (IK409); its owner's finish with the
 #    dumped token is accepted once (a second gets IK412), and replayed;
 #  - the lapsed claim is taken over with a token greater than the dumped
@@ -126,9 +130,12 @@ is($aw1->safe_psql($db, 'SELECT timeline_id FROM pg_control_checkpoint()'), '2',
 
 # on worker 1: a key finished, a claim held (1 h lease) and a claim whose
 # lease lapses before the restore
-my %key = map { $_ => key_on($ac, $_, $aw1) } qw(done held lapsed);
+my %key = map { $_ => key_on($ac, $_, $aw1) } qw(done aborted held lapsed);
 my %t;
 $t{done} = new_token($ac, $key{done});
+$t{aborted} = new_token($ac, $key{aborted});
+is($ac->safe_psql($db, qq{SELECT idem_abort('charge', '$key{aborted}', $t{aborted})}), 't',
+	"A: $key{aborted} aborted, its record deleted");
 $ac->safe_psql($db, qq{SELECT idem_finish('charge', '$key{done}', $t{done}, '{"charge": "done"}')});
 $t{held} = new_token($ac, $key{held});
 my ($lt) = split /\|/, $ac->safe_psql($db, qq{
@@ -154,6 +161,10 @@ join_cluster($bc, $bw1, $bw2);
 is($bc->safe_psql($db, 'SELECT idem_distribute()'), 't', 'the restored records distributed again');
 
 is(claim($bc, $key{done}), 'replay||{"charge": "done"}', "$key{done}: replays its response");
+
+my $ta = new_token($bc, $key{aborted});
+note("$key{aborted} after the restore: " . describe($ta));
+cmp_ok($ta, '>', $t{aborted}, "$key{aborted}: its next claim's token is greater than its aborted one");
 
 # the held claim: still held; its owner's finish with its token is
 # accepted, once
