@@ -31,9 +31,10 @@
  * (the move's source copy, which Citus drops later, is still here), is
  * told to retry (40001).  Any other call on a node without the key's
  * shard, one Citus did not delegate (inside PL/pgSQL, with a key that is
- * not a constant), fails with a clear error (0A000), rather than answering from a shard that is
- * not the key's.  Calls for the whole store (idem_purge, idem_stats) read
- * this node's shards: every node purges its own.
+ * not a constant), fails with a clear error (0A000), rather than
+ * answering from a shard that is not the key's.  Calls for the whole
+ * store (idem_purge, idem_stats) read this node's shards: every node
+ * purges its own.
  *
  * Records colocated with a tenant's table (after
  * idem_distribute(colocate_with)).  As distributed records, but
@@ -307,12 +308,20 @@ idem_citus_function_distributed(Oid funcid)
 	return found;
 }
 
-/* The shard relation on this node: the table's name and _shardid */
+/* The relation of shard shardid of relid on this node (the table's name and _shardid), if any */
+static Oid
+shard_relation(Oid relid, int64 shardid, char **name)
+{
+	*name = psprintf("%s_" INT64_FORMAT, get_rel_name(relid), shardid);
+	return get_relname_relid(*name, get_rel_namespace(relid));
+}
+
+/* The shard relation on this node, which must exist */
 static Oid
 shard_relid(Oid relid, int64 shardid)
 {
-	char	   *name = psprintf("%s_" INT64_FORMAT, get_rel_name(relid), shardid);
-	Oid			shard = get_relname_relid(name, get_rel_namespace(relid));
+	char	   *name;
+	Oid			shard = shard_relation(relid, shardid, &name);
 
 	if (!OidIsValid(shard))
 		ereport(ERROR,
@@ -330,9 +339,9 @@ shard_relid(Oid relid, int64 shardid)
 bool
 idem_citus_copy_left_here(Oid relid, int64 shardid)
 {
-	char	   *name = psprintf("%s_" INT64_FORMAT, get_rel_name(relid), shardid);
+	char	   *name;
 
-	return OidIsValid(get_relname_relid(name, get_rel_namespace(relid)));
+	return OidIsValid(shard_relation(relid, shardid, &name));
 }
 
 static RouteCache route = {0};

@@ -41,10 +41,9 @@
 #include "access/transam.h"
 #include "access/xlog.h"
 #include "executor/spi.h"
-#include "lib/stringinfo.h"
 #include "miscadmin.h"
-#include "storage/lock.h"
 #include "storage/ipc.h"
+#include "storage/lock.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
@@ -160,6 +159,75 @@ idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid)
 	return true;
 }
 
+/* A node's answer to a command run on it through Citus (run_on_nodes) */
+typedef struct NodeAnswer
+{
+	bool		success;
+	char	   *result;			/* NULL: none */
+} NodeAnswer;
+
+/*
+ * The schema-qualified name of the sequence seqid, for a command run on
+ * the other nodes, and its owner, who runs it there
+ */
+static char *
+sequence_name(Oid seqid, Oid *owner)
+{
+	Relation	seq = relation_open(seqid, AccessShareLock);
+	char	   *name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(seq)),
+												  RelationGetRelationName(seq));
+
+	*owner = seq->rd_rel->relowner;
+	relation_close(seq, NoLock);
+	return name;
+}
+
+/*
+ * Run command on Citus nodes through Citus's function runner
+ * (run_command_on_all_nodes, run_command_on_coordinator), as owner, over
+ * Citus's connections: the nodes' answers, a list of NodeAnswer
+ */
+static List *
+run_on_nodes(const char *runner, const char *command, Oid owner, bool read_only)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	char	   *query = psprintf("SELECT n.success, n.result FROM pg_catalog.%s(%s) n",
+								 runner, quote_literal_cstr(command));
+	Oid			save_userid;
+	int			save_sec_context;
+	List	   *answers = NIL;
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (SPI_execute(query, read_only, 0) != SPI_OK_SELECT)
+			elog(ERROR, "could not run a command on the Citus nodes through %s", runner);
+		for (uint64 i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tuple = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			MemoryContext spi = MemoryContextSwitchTo(caller);
+			NodeAnswer *answer = palloc(sizeof(NodeAnswer));
+			bool		isnull;
+
+			answer->success = DatumGetBool(SPI_getbinval(tuple, desc, 1, &isnull));
+			answer->result = SPI_getvalue(tuple, desc, 2);
+			answers = lappend(answers, answer);
+			MemoryContextSwitchTo(spi);
+		}
+		SPI_finish();
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
+	PG_END_TRY();
+	return answers;
+}
+
 /*
  * The greatest epoch recorded in epoch_seq (its last value, bits of the
  * epoch only: mask) on the other nodes of the cluster, 0 if none; as the
@@ -170,62 +238,37 @@ idem_citus_tokens_need_sync(const IdemObjects *objects, int64 shardid)
 int64
 idem_citus_other_epochs(Oid epoch_seq, int64 mask)
 {
-	Relation	seq = relation_open(epoch_seq, AccessShareLock);
-	Oid			owner = seq->rd_rel->relowner;
-	char	   *name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(seq)),
-												  RelationGetRelationName(seq));
-	Oid			save_userid;
-	int			save_sec_context;
+	Oid			owner;
+	char	   *name = sequence_name(epoch_seq, &owner);
+	int64		self = (int64) GetSystemIdentifier();
 	int64		greatest = 0;
-	StringInfoData query;
+	List	   *answers;
+	ListCell   *lc;
 
-	relation_close(seq, NoLock);
-	initStringInfo(&query);
-	appendStringInfo(&query,
-					 "SELECT n.success, n.result FROM pg_catalog.run_command_on_all_nodes(%s) n",
-					 quote_literal_cstr(psprintf("SELECT (SELECT system_identifier FROM pg_catalog.pg_control_system()) "
-												 "OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) last_value FROM %s",
-												 name)));
-
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
-	PG_TRY();
+	answers = run_on_nodes("run_command_on_all_nodes",
+						   psprintf("SELECT (SELECT system_identifier FROM pg_catalog.pg_control_system()) "
+									"OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) last_value FROM %s",
+									name),
+						   owner, true);
+	foreach(lc, answers)
 	{
-		int64		self = (int64) GetSystemIdentifier();
+		NodeAnswer *answer = lfirst(lc);
+		char	   *colon = answer->result != NULL ? strchr(answer->result, ':') : NULL;
+		int64		node;
+		int64		epoch;
 
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		if (SPI_execute(query.data, true, 0) != SPI_OK_SELECT)
-			elog(ERROR, "could not read the token epochs of the Citus nodes");
-		for (uint64 i = 0; i < SPI_processed; i++)
-		{
-			bool		isnull;
-			bool		success = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i],
-															 SPI_tuptable->tupdesc, 1, &isnull));
-			char	   *result = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
-			char	   *colon = result != NULL ? strchr(result, ':') : NULL;
-			int64		node;
-			int64		epoch;
-
-			if (!success || colon == NULL)
-				ereport(ERROR,
-						(errcode(ERRCODE_CONNECTION_FAILURE),
-						 errmsg("could not read the fencing token epoch of every Citus node"),
-						 errdetail("A node answered: %s", result != NULL ? result : "(nothing)"),
-						 errhint("A node that holds a shard that came to it since it last read them reads every node's epoch before it issues a token; retry when every node is up.")));
-			*colon = '\0';
-			node = pg_strtoint64(result);
-			epoch = pg_strtoint64(colon + 1) & mask;
-			if (node != self && epoch > greatest)
-				greatest = epoch;
-		}
-		SPI_finish();
+		if (!answer->success || colon == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_CONNECTION_FAILURE),
+					 errmsg("could not read the fencing token epoch of every Citus node"),
+					 errdetail("A node answered: %s", answer->result != NULL ? answer->result : "(nothing)"),
+					 errhint("A node that holds a shard that came to it since it last read them reads every node's epoch before it issues a token; retry when every node is up.")));
+		*colon = '\0';
+		node = pg_strtoint64(answer->result);
+		epoch = pg_strtoint64(colon + 1) & mask;
+		if (node != self && epoch > greatest)
+			greatest = epoch;
 	}
-	PG_FINALLY();
-	{
-		SetUserIdAndSecContext(save_userid, save_sec_context);
-	}
-	PG_END_TRY();
 	return greatest;
 }
 
@@ -267,67 +310,32 @@ idem_citus_record_epoch(const IdemObjects *objects, Oid epoch_seq, int64 epoch, 
 {
 	int64		mask = (INT64CONST(1) << epoch_bits) - 1;
 	RouteCache *rc = idem_citus_layout(objects);
-	Relation	seq;
 	Oid			owner;
 	char	   *name;
-	Oid			save_userid;
-	int			save_sec_context;
-	StringInfoData raise;
-	StringInfoData query;
+	List	   *answers;
+	NodeAnswer *answer;
 
 	if (rc == NULL || !rc->distributed || rc->group == CITUS_COORDINATOR_GROUP)
 		return;
-	seq = relation_open(epoch_seq, AccessShareLock);
-	owner = seq->rd_rel->relowner;
-	name = quote_qualified_identifier(get_namespace_name(RelationGetNamespace(seq)),
-									  RelationGetRelationName(seq));
-	relation_close(seq, NoLock);
-
-	initStringInfo(&raise);
-	appendStringInfo(&raise,
-					 "DO $idem_epoch$ BEGIN "
-					 "PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true); "
-					 "PERFORM pg_advisory_xact_lock(" INT64_FORMAT "); "
-					 "PERFORM setval(%s, greatest(s.last_value >> %d, 1) << %d | " INT64_FORMAT ", true) "
-					 "FROM %s s WHERE (s.last_value & " INT64_FORMAT ") < " INT64_FORMAT "; "
-					 "END $idem_epoch$",
-					 EPOCH_RAISE_LOCK, quote_literal_cstr(name), epoch_bits, epoch_bits,
-					 epoch, name, mask, epoch);
-	initStringInfo(&query);
-	appendStringInfo(&query,
-					 "SELECT n.success, n.result FROM pg_catalog.run_command_on_coordinator(%s) n",
-					 quote_literal_cstr(raise.data));
-
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
-	PG_TRY();
-	{
-		bool		isnull;
-		bool		success = false;
-		char	   *result = NULL;
-
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		if (SPI_execute(query.data, false, 0) != SPI_OK_SELECT)
-			elog(ERROR, "could not record the fencing token epoch on the Citus coordinator");
-		if (SPI_processed == 1)
-		{
-			success = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-			result = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
-		}
-		if (!success)
-			ereport(ERROR,
-					(errcode(ERRCODE_CONNECTION_FAILURE),
-					 errmsg("could not record a fencing token epoch on the Citus coordinator"),
-					 errdetail("The coordinator answered: %s", result != NULL ? result : "(nothing)"),
-					 errhint("A worker records each epoch it starts on the coordinator, whose dump then carries it; retry when the coordinator is up.")));
-		SPI_finish();
-	}
-	PG_FINALLY();
-	{
-		SetUserIdAndSecContext(save_userid, save_sec_context);
-	}
-	PG_END_TRY();
+	name = sequence_name(epoch_seq, &owner);
+	answers = run_on_nodes("run_command_on_coordinator",
+						   psprintf("DO $idem_epoch$ BEGIN "
+									"PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true); "
+									"PERFORM pg_advisory_xact_lock(" INT64_FORMAT "); "
+									"PERFORM setval(%s, greatest(s.last_value >> %d, 1) << %d | " INT64_FORMAT ", true) "
+									"FROM %s s WHERE (s.last_value & " INT64_FORMAT ") < " INT64_FORMAT "; "
+									"END $idem_epoch$",
+									EPOCH_RAISE_LOCK, quote_literal_cstr(name), epoch_bits, epoch_bits,
+									epoch, name, mask, epoch),
+						   owner, false);
+	answer = list_length(answers) == 1 ? linitial(answers) : NULL;
+	if (answer == NULL || !answer->success)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONNECTION_FAILURE),
+				 errmsg("could not record a fencing token epoch on the Citus coordinator"),
+				 errdetail("The coordinator answered: %s",
+						   answer != NULL && answer->result != NULL ? answer->result : "(nothing)"),
+				 errhint("A worker records each epoch it starts on the coordinator, whose dump then carries it; retry when the coordinator is up.")));
 }
 
 /*
