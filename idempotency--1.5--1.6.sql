@@ -117,3 +117,43 @@ CREATE VIEW @extschema@.idem_stats_counters AS
 
 GRANT EXECUTE ON FUNCTION @extschema@.idem_counters() TO PUBLIC;
 GRANT SELECT ON @extschema@.idem_stats_counters TO PUBLIC;
+
+/*
+ * idem_begin and idem_inspect bind the entry points of their argument and
+ * column lists (idem_begin and idem_inspect serve the definitions of the
+ * earlier scripts).  The functions are replaced in place, not dropped:
+ * they keep their OIDs, privileges and dependents, and on a Citus cluster
+ * their distribution, which Citus keeps by OID.  PostgreSQL lets an
+ * extension's script replace only the extension's own functions.
+ */
+CREATE OR REPLACE FUNCTION @extschema@.idem_begin(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	fingerprint	pg_catalog.bytea,
+	in_flight	pg_catalog.text DEFAULT NULL,
+	lease		pg_catalog.interval DEFAULT NULL,
+	ttl			pg_catalog.interval DEFAULT NULL,
+	takeover	pg_catalog.text DEFAULT NULL,
+	remember	pg_catalog.interval DEFAULT NULL)
+RETURNS @extschema@.idem_claim
+AS 'MODULE_PATHNAME', 'idem_begin_1_4'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE OR REPLACE FUNCTION @extschema@.idem_inspect(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	OUT state		pg_catalog.text,
+	OUT token		pg_catalog.int8,
+	OUT fingerprint	pg_catalog.bytea,
+	OUT created_at	pg_catalog.timestamptz,
+	OUT lease_until	pg_catalog.timestamptz,
+	OUT completed_at pg_catalog.timestamptz,
+	OUT expires_at	pg_catalog.timestamptz,
+	OUT uncommitted	pg_catalog.bool,
+	OUT response	pg_catalog.jsonb,
+	OUT checkpoint	pg_catalog.jsonb,
+	OUT takeovers	pg_catalog.int4,
+	OUT remembered_until pg_catalog.timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_inspect_1_4'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;

@@ -240,12 +240,16 @@ idem_policy_arg(FunctionCallInfo fcinfo, int argno)
 	pg_unreachable();
 }
 
+/*
+ * idem_begin's takeover (NULL, or argno -1 for a definition without the
+ * argument: idempotency.takeover)
+ */
 IdemTakeover
 idem_takeover_arg(FunctionCallInfo fcinfo, int argno)
 {
 	char	   *name;
 
-	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+	if (argno < 0 || PG_ARGISNULL(argno))
 		return (IdemTakeover) idem_takeover;
 
 	name = text_to_cstring(PG_GETARG_TEXT_PP(argno));
@@ -282,13 +286,16 @@ idem_ttl_arg(FunctionCallInfo fcinfo, int argno)
 	return ttl;
 }
 
-/* idem_begin's remember, in microseconds (0: off) */
+/*
+ * idem_begin's remember, in microseconds, 0 for off (NULL, or argno -1 for
+ * a definition without the argument: idempotency.remember)
+ */
 int64
 idem_remember_arg(FunctionCallInfo fcinfo, int argno)
 {
 	int64		usecs;
 
-	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+	if (argno < 0 || PG_ARGISNULL(argno))
 		return (int64) idem_remember_s * USECS_PER_SEC;
 	usecs = idem_interval_usecs(PG_GETARG_INTERVAL_P(argno), "remember");
 	if (usecs < 0)

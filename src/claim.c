@@ -31,7 +31,20 @@
 #include "write.h"
 
 PG_FUNCTION_INFO_V1(idem_begin);
+PG_FUNCTION_INFO_V1(idem_begin_1_4);
 PG_FUNCTION_INFO_V1(idem_begin_tenant);
+
+/*
+ * The argument lists of idem_begin's SQL definitions: each entry point below
+ * reads one of them.
+ */
+typedef enum BeginArgs
+{
+	/* operation, key, fingerprint, in_flight, lease, ttl */
+	BEGIN_ARGS_BASIC,
+	/* the same, then takeover and remember */
+	BEGIN_ARGS_WITH_POLICIES
+} BeginArgs;
 
 /*
  * Did this backend's last idem_begin replay?  Replays come in runs -- a
@@ -196,13 +209,17 @@ claim_begin(IdemStore *store, const IdemKey *key, const ClaimRequest *req,
 
 /*
  * The request from idem_begin's arguments ([tenant,] operation, key,
- * fingerprint, in_flight, lease, ttl [, takeover, remember]), checked
+ * fingerprint, in_flight, lease, ttl [, takeover, remember]), checked.
+ * Where the definition has no takeover and remember, they come from their
+ * settings.
  */
 static void
-begin_request(FunctionCallInfo fcinfo, bool tenant, IdemKey *key,
-			  ClaimRequest *req)
+begin_request(FunctionCallInfo fcinfo, bool tenant, BeginArgs args,
+			  IdemKey *key, ClaimRequest *req)
 {
 	int			a = idem_key_from_args(fcinfo, key, tenant);
+	bool		with_policies = (args == BEGIN_ARGS_WITH_POLICIES);
+	bool		remember_given = with_policies && !PG_ARGISNULL(a + 5);
 	int64		ttl_usecs;
 
 	req->fingerprint = idem_fingerprint_arg(fcinfo, a);
@@ -210,8 +227,8 @@ begin_request(FunctionCallInfo fcinfo, bool tenant, IdemKey *key,
 	req->lease = idem_lease_arg(fcinfo, a + 2);
 	req->ttl = idem_ttl_arg(fcinfo, a + 3);
 	ttl_usecs = idem_interval_usecs(&req->ttl, "ttl");
-	req->takeover = idem_takeover_arg(fcinfo, a + 4);
-	req->remember = idem_remember_arg(fcinfo, a + 5);
+	req->takeover = idem_takeover_arg(fcinfo, with_policies ? a + 4 : -1);
+	req->remember = idem_remember_arg(fcinfo, with_policies ? a + 5 : -1);
 
 	if (req->lease <= 0)
 		ereport(ERROR,
@@ -229,8 +246,7 @@ begin_request(FunctionCallInfo fcinfo, bool tenant, IdemKey *key,
 	 * ttl adds nothing to it: the key is kept for the ttl, as with 0.  Only
 	 * an argument that says so is an error.
 	 */
-	if (req->remember != 0 && req->remember < ttl_usecs &&
-		(PG_NARGS() <= a + 5 || PG_ARGISNULL(a + 5)))
+	if (req->remember != 0 && req->remember < ttl_usecs && !remember_given)
 		req->remember = 0;
 	if (req->remember != 0 && req->remember < ttl_usecs)
 		ereport(ERROR,
@@ -253,12 +269,9 @@ count_begin(ClaimStatus status, TimestampTz waited_since)
 	}
 }
 
-/*
- * idem_begin, and its tenant form (the one idem_distribute(colocate_with)
- * creates)
- */
+/* idem_begin, in any of its definitions */
 static Datum
-begin_call(FunctionCallInfo fcinfo, bool tenant)
+begin_call(FunctionCallInfo fcinfo, bool tenant, BeginArgs args)
 {
 	IdemKey		key;
 	ClaimRequest req;
@@ -268,7 +281,7 @@ begin_call(FunctionCallInfo fcinfo, bool tenant)
 	TimestampTz waited_since;
 
 	idem_check_settings();
-	begin_request(fcinfo, tenant, &key, &req);
+	begin_request(fcinfo, tenant, args, &key, &req);
 	PreventCommandIfReadOnly("idem_begin()");
 	PreventCommandIfParallelMode("idem_begin()");
 
@@ -293,14 +306,32 @@ begin_call(FunctionCallInfo fcinfo, bool tenant)
 	return idem_claim_result(fcinfo, status, &rec);
 }
 
+/* idem_begin(operation, key, ..., takeover, remember) */
 Datum
-idem_begin(PG_FUNCTION_ARGS)
+idem_begin_1_4(PG_FUNCTION_ARGS)
 {
-	return begin_call(fcinfo, false);
+	return begin_call(fcinfo, false, BEGIN_ARGS_WITH_POLICIES);
 }
 
+/*
+ * idem_begin(tenant, operation, key, ..., takeover, remember), the form
+ * idem_distribute(colocate_with) creates
+ */
 Datum
 idem_begin_tenant(PG_FUNCTION_ARGS)
 {
-	return begin_call(fcinfo, true);
+	return begin_call(fcinfo, true, BEGIN_ARGS_WITH_POLICIES);
+}
+
+/*
+ * The entry point that the SQL definitions of earlier versions' scripts
+ * bind, with either argument list: the current scripts bind the one of
+ * theirs, but a database keeps its definitions until ALTER EXTENSION
+ * UPDATE, while the server already loads this library.
+ */
+Datum
+idem_begin(PG_FUNCTION_ARGS)
+{
+	return begin_call(fcinfo, false,
+					  PG_NARGS() > 6 ? BEGIN_ARGS_WITH_POLICIES : BEGIN_ARGS_BASIC);
 }

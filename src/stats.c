@@ -26,16 +26,18 @@
 #include "store.h"
 
 PG_FUNCTION_INFO_V1(idem_inspect);
+PG_FUNCTION_INFO_V1(idem_inspect_1_4);
 PG_FUNCTION_INFO_V1(idem_inspect_tenant);
 PG_FUNCTION_INFO_V1(idem_stats_records);
 PG_FUNCTION_INFO_V1(idem_stats_records_1_6);
 
 /*
- * Columns of idem_inspect(), as the SQL of each schema declares them: 9,
- * or 12 with checkpoint, takeovers and remembered_until last.
+ * Columns of idem_inspect(), as its SQL definitions declare them: 12, or
+ * 9 without checkpoint, takeovers and remembered_until (the definition
+ * that only earlier versions' scripts bind)
  */
-#define INSPECT_COLS_1_1	9
 #define INSPECT_COLS	12
+#define INSPECT_COLS_WITHOUT_RECOVERY	9
 
 /* ---- idem_stats: the calling role's records, per operation ---- */
 
@@ -180,7 +182,7 @@ idem_stats_records_1_6(PG_FUNCTION_ARGS)
 /* ---- idem_inspect: one key of the calling role ---- */
 
 static Datum
-inspect_call(FunctionCallInfo fcinfo, bool tenant)
+inspect_call(FunctionCallInfo fcinfo, bool tenant, int ncols)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	IdemKey		key;
@@ -203,9 +205,8 @@ inspect_call(FunctionCallInfo fcinfo, bool tenant)
 		Datum		values[INSPECT_COLS];
 		bool		nulls[INSPECT_COLS] = {0};
 
-		if (rsinfo->setDesc->natts != INSPECT_COLS &&
-			rsinfo->setDesc->natts != INSPECT_COLS_1_1)
-			elog(ERROR, "idem_inspect() must return %d columns", INSPECT_COLS);
+		if (rsinfo->setDesc->natts != ncols)
+			elog(ERROR, "idem_inspect() must return %d columns", ncols);
 		values[0] = CStringGetTextDatum(idem_state_name(idem_record_state(&rec, now)));
 		values[1] = Int64GetDatum(rec.token);
 		values[2] = PointerGetDatum(rec.fingerprint);
@@ -233,14 +234,31 @@ inspect_call(FunctionCallInfo fcinfo, bool tenant)
 }
 
 Datum
-idem_inspect(PG_FUNCTION_ARGS)
+idem_inspect_1_4(PG_FUNCTION_ARGS)
 {
-	return inspect_call(fcinfo, false);
+	return inspect_call(fcinfo, false, INSPECT_COLS);
 }
 
 /* idem_inspect(tenant, operation, key): idem_distribute(colocate_with) makes it */
 Datum
 idem_inspect_tenant(PG_FUNCTION_ARGS)
 {
-	return inspect_call(fcinfo, true);
+	return inspect_call(fcinfo, true, INSPECT_COLS);
+}
+
+/*
+ * The entry point that the SQL definitions of earlier versions' scripts
+ * bind, with either list of columns (see idem_begin)
+ */
+Datum
+idem_inspect(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE ||
+		(tupdesc->natts != INSPECT_COLS &&
+		 tupdesc->natts != INSPECT_COLS_WITHOUT_RECOVERY))
+		elog(ERROR, "idem_inspect() must return %d or %d columns",
+			 INSPECT_COLS_WITHOUT_RECOVERY, INSPECT_COLS);
+	return inspect_call(fcinfo, false, tupdesc->natts);
 }

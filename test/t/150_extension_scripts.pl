@@ -9,7 +9,10 @@
 #     to psql by mistake does nothing;
 #  2. no CREATE OR REPLACE and no IF NOT EXISTS: an object that already
 #     exists (planted by someone else) must make the script fail, not be
-#     silently adopted or replaced;
+#     silently adopted or replaced.  The one exception: CREATE OR REPLACE
+#     FUNCTION of a function that the scripts create, which binds it to
+#     another C entry point keeping its OID (PostgreSQL refuses to let an
+#     extension script replace a function that is not the extension's);
 #  3. every CREATE names its object @extschema@-qualified (indexes and
 #     triggers, whose names cannot be qualified, name their table so);
 #  4. @extschema@ (or @extowner@) never appears inside a quoting construct
@@ -206,8 +209,10 @@ sub is_tok
 
 # ---------------------------------------------------------------- checks
 
-# Names of every object the scripts create (for rule 5), collected first.
-my (%created, %parsed);
+# Names of every object the scripts create (for rule 5), and of the
+# functions they create with a plain CREATE FUNCTION (for rule 2),
+# collected first.
+my (%created, %own_functions, %parsed);
 for my $file (@scripts)
 {
 	my $sql = slurp_file($file);
@@ -217,6 +222,9 @@ for my $file (@scripts)
 	for my $stmt (statements(@tokens))
 	{
 		next unless is_tok($stmt->[0], 'create');
+		$own_functions{ $stmt->[4]{text} } = 1
+		  if is_tok($stmt->[1], 'function') && $stmt->[2]{type} eq 'extvar'
+		  && is_tok($stmt->[3], '.') && $stmt->[4]{type} eq 'ident';
 		for my $i (0 .. $#$stmt - 2)
 		{
 			if ($stmt->[$i]{type} eq 'extvar' && is_tok($stmt->[$i + 1], '.')
@@ -285,14 +293,19 @@ for my $file (@scripts)
 		  . "\n for pg_extension_config_dump pass the unqualified name, e.g. 'idem_record',"
 		  . "\n which the script's search_path resolves to the extension's schema.)");
 
-	# ---- rule 2
+	# ---- rule 2: CREATE OR REPLACE only of a function that the scripts
+	# create (rebinding its C entry point, keeping its OID); PostgreSQL
+	# refuses an extension script's replacing a function that is not the
+	# extension's member
 	my (@or_replace, @if_not_exists);
 	my @w = grep { $_->{type} ne 'comment' } @tokens;
 	for my $i (0 .. $#w - 2)
 	{
 		push @or_replace, "line $w[$i]{line}"
 		  if is_tok($w[$i], 'create') && is_tok($w[ $i + 1 ], 'or')
-		  && is_tok($w[ $i + 2 ], 'replace');
+		  && is_tok($w[ $i + 2 ], 'replace')
+		  && !(is_tok($w[ $i + 3 ], 'function') && ($w[ $i + 4 ]{type} // '') eq 'extvar'
+			&& is_tok($w[ $i + 5 ], '.') && $own_functions{ $w[ $i + 6 ]{text} // '' });
 		push @if_not_exists, "line $w[$i]{line}"
 		  if is_tok($w[$i], 'if') && is_tok($w[ $i + 1 ], 'not')
 		  && is_tok($w[ $i + 2 ], 'exists');

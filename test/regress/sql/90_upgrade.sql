@@ -284,8 +284,14 @@ SELECT idem_finish('upgrade', 'm2', (idem_begin('upgrade', 'm2', '\x02')).token,
 UPDATE idem_record SET expires_at = now() - interval '1 s' WHERE operation = 'upgrade';
 SELECT * FROM idem_stats WHERE operation = 'upgrade';
 SELECT state, records FROM idem_monitor WHERE operation = 'upgrade' ORDER BY state;
+SELECT 'idem_begin(text, text, bytea, text, interval, interval, text, interval)'::regprocedure::oid AS begin_oid,
+       'idem_inspect(text, text)'::regprocedure::oid AS inspect_oid \gset
 ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+-- idem_begin and idem_inspect are the same functions (the same OIDs),
+-- bound to the entry points of their argument and column lists
+SELECT proname, prosrc FROM pg_proc
+ WHERE oid IN (:begin_oid, :inspect_oid) ORDER BY proname;
 SELECT * FROM idem_stats WHERE operation = 'upgrade';
 SELECT state, records FROM idem_monitor WHERE operation = 'upgrade' ORDER BY state;
 SELECT key, state FROM (VALUES ('m1'), ('m2')) k(key), idem_inspect('upgrade', key) ORDER BY key;
@@ -316,8 +322,14 @@ SELECT status FROM idem_begin('upgrade', 'p1', NULL, lease => '1 h');
 UPDATE idem_record SET holder = 1 WHERE operation = 'upgrade' AND key = 's2';
 SELECT * FROM idem_stats WHERE operation = 'upgrade';
 SELECT state, records FROM idem_monitor WHERE operation = 'upgrade' ORDER BY state;
+SELECT 'idem_begin(text, text, bytea, text, interval, interval, text, interval)'::regprocedure::oid AS begin_oid,
+       'idem_inspect(text, text)'::regprocedure::oid AS inspect_oid \gset
 ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+-- idem_begin and idem_inspect are the same functions (the same OIDs),
+-- bound to the entry points of their argument and column lists
+SELECT proname, prosrc FROM pg_proc
+ WHERE oid IN (:begin_oid, :inspect_oid) ORDER BY proname;
 SELECT * FROM idem_stats WHERE operation = 'upgrade';
 SELECT state, records FROM idem_monitor WHERE operation = 'upgrade' ORDER BY state;
 SELECT key, state FROM (VALUES ('p1'), ('s1'), ('s2')) k(key), idem_inspect('upgrade', key) ORDER BY key;
