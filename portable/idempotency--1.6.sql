@@ -331,6 +331,9 @@ $_idem_check_writable$;
  * sees it written), or asks for the wake lock before the finish takes it
  * back (and is granted it at once): nothing waits on a claim that was
  * finished before it asked, and no duplicate needs a short first wait.
+ * A finish waits at the gate for at most 0.5 s (a duplicate stopped there
+ * must not hold it up; that duplicate may then see the finish only at its
+ * next look).
  *
  * What PL/pgSQL cannot do: wake a waiter from another backend.  A claim
  * finished or aborted on another connection than the one that made it
@@ -362,7 +365,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS 'SELECT 10.0::pg_catalog.float8';
 
-/* classid of the wake locks ('I','K', 0, 1) */
+/* classid of the wake locks ('I','K', 0, 1); the gates' is 1229651970 ('I','K', 0, 2) */
 CREATE FUNCTION @extschema@._idem_wake_class()
 RETURNS pg_catalog.int4
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -457,9 +460,10 @@ DECLARE
 BEGIN
 	IF current_setting('idempotency_portable.wake_lock', true) = me::text THEN
 		IF NOT (pg_advisory_unlock(1229651969, me) AND pg_try_advisory_lock(1229651970, me)
-				AND pg_advisory_unlock(1229651970, me) AND pg_try_advisory_lock(1229651969, me))
-		   AND NOT _idem_take_wake_lock() THEN
-			PERFORM set_config('idempotency_portable.wake_lock', '', false);
+				AND pg_advisory_unlock(1229651970, me) AND pg_try_advisory_lock(1229651969, me)) THEN
+			IF NOT _idem_take_wake_lock() THEN
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
+			END IF;
 		END IF;
 	END IF;
 END
@@ -1168,9 +1172,10 @@ BEGIN
 	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
 		/* _idem_wake_waiters, inline: with nobody waiting it costs four lock calls */
 		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651970, w)
-				AND pg_advisory_unlock(1229651970, w) AND pg_try_advisory_lock(1229651969, w))
-		   AND NOT _idem_take_wake_lock() THEN
-			PERFORM set_config('idempotency_portable.wake_lock', '', false);
+				AND pg_advisory_unlock(1229651970, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+			IF NOT _idem_take_wake_lock() THEN
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
+			END IF;
 		END IF;
 	END IF;
 END
@@ -1214,9 +1219,10 @@ BEGIN
 	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
 		/* _idem_wake_waiters, inline: with nobody waiting it costs four lock calls */
 		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651970, w)
-				AND pg_advisory_unlock(1229651970, w) AND pg_try_advisory_lock(1229651969, w))
-		   AND NOT _idem_take_wake_lock() THEN
-			PERFORM set_config('idempotency_portable.wake_lock', '', false);
+				AND pg_advisory_unlock(1229651970, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+			IF NOT _idem_take_wake_lock() THEN
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
+			END IF;
 		END IF;
 	END IF;
 	RETURN true;
