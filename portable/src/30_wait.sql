@@ -205,8 +205,10 @@ $$;
  * most "most" seconds.  lock_deadline (NULL: none) is when lock_timeout
  * ends for the calling idem_begin.  The caller looked at the calling
  * role's record of (operation, key) and found it pending with this token,
- * waker and lease end and no transaction writing it; this function looks
- * again through the gate (see above) and sleeps only if that is still so
+ * waker and lease end; this function looks again through the gate (see
+ * above) and sleeps only if that is still so (a transaction writing it
+ * does not count: a finish releases the wake lock after its write, and
+ * a lock left by a rolled-back FOR SHARE would look like one)
  * (role_id NULL: no look, for REPEATABLE READ, whose snapshot would not
  * see a change).
  * Returns 1 if a wake-up (or the waker's end) ended the sleep or the
@@ -254,7 +256,7 @@ BEGIN
 				   AND t.operation = _idem_wait_for_claim.operation
 				   AND t.key = _idem_wait_for_claim.key
 				   AND t.token = _idem_wait_for_claim.token AND t.waker = _idem_wait_for_claim.waker
-				   AND t.expires_at = until AND t.completed_at IS NULL AND t.xmax::text = '0';
+				   AND t.expires_at = until AND t.completed_at IS NULL;
 				IF NOT FOUND THEN
 					RAISE EXCEPTION USING ERRCODE = 'IK000';	/* changed: look again */
 				END IF;
@@ -267,12 +269,12 @@ BEGIN
 		EXCEPTION
 			WHEN lock_not_available THEN
 				RETURN 0;		/* the time is up (the setting is restored) */
-			WHEN SQLSTATE 'IK000' THEN
-				RETURN 1;		/* woken; the locks and the setting are undone */
-			WHEN SQLSTATE 'IK001' THEN
+			WHEN SQLSTATE 'IK001' THEN	/* (before IK000, which names its whole class) */
 				IF NOT free_before THEN
 					RETURN 2;
 				END IF;
+			WHEN SQLSTATE 'IK000' THEN
+				RETURN 1;		/* woken; the locks and the setting are undone */
 		END;
 	END IF;
 	/* nothing to sleep on but time */

@@ -439,7 +439,6 @@ BEGIN
 			IF r.busy AND NOT probed THEN
 				PERFORM _idem_wait_for_writer(me, op, k);
 				probed := true;
-				woke := 1;
 				CONTINUE;
 			END IF;
 			IF lock_deadline IS NULL AND current_setting('lock_timeout') NOT IN ('0', '0ms') THEN
