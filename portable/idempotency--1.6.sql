@@ -319,16 +319,30 @@ $_idem_check_writable$;
  *						that it then rolls back (a transaction lock: an
  *						error at the moment it is granted leaves nothing
  *						held); idem_finish and idem_abort on that backend
- *						release and take back the lock, which hands it to
- *						the waiters first.
+ *						release the lock, which hands it to the waiters,
+ *						and take it back.
+ *
+ * The "gate" (classid 0x494B0002, objid the claiming backend's process ID)
+ * closes the race between a duplicate's look at the claim and its lock
+ * request: the duplicate holds the gate in share mode from before that look
+ * until its wait ends, and a finish, after releasing its wake lock, takes
+ * the gate in exclusive mode and lets it go before it takes the wake lock
+ * back.  So a duplicate either looked after the finish wrote the row (and
+ * sees it written), or asks for the wake lock before the finish takes it
+ * back (and is granted it at once): nothing waits on a claim that was
+ * finished before it asked, and no duplicate needs a short first wait.
+ * A finish waits at the gate for at most 0.5 s (a duplicate stopped there
+ * must not hold it up; that duplicate may then see the finish only at its
+ * next look).
  *
  * What PL/pgSQL cannot do: wake a waiter from another backend.  A claim
  * finished or aborted on another connection than the one that made it
  * (a transaction pool) is seen by its waiters at the next look, at most
  * _idem_wait_look() seconds later; so is a claim whose backend no longer
- * holds its wake lock (DISCARD ALL released it).  A finish between a
- * waiter's look and its lock request is seen 0.05 s later (see
- * _idem_wait_for_claim).
+ * holds its wake lock (DISCARD ALL released it).  Under REPEATABLE READ a
+ * duplicate's look sees its snapshot, not the finish: there a first wait
+ * of 0.05 s, then a look that finds a newer version (40001), closes the
+ * race.
  *
  * A 'session' claim's holder is alive while a backend with its process ID
  * and start time runs (pg_stat_get_activity); where the start time is not
@@ -351,7 +365,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS 'SELECT 10.0::pg_catalog.float8';
 
-/* classid of the wake locks ('I','K', 0, 1) */
+/* classid of the wake locks ('I','K', 0, 1); the gates' is 1229651970 ('I','K', 0, 2) */
 CREATE FUNCTION @extschema@._idem_wake_class()
 RETURNS pg_catalog.int4
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -387,10 +401,11 @@ END
 $_idem_hold_wake_lock$;
 
 /*
- * Take this backend's wake lock, waiting a moment for waiters that hold it
- * in share mode to let it go (they do at once; a waiter that never did
- * must not hold up a claim or a finish: then the lock is taken at a later
- * call, and waiters meanwhile look again every _idem_wait_look() seconds).
+ * Take this backend's wake lock, after passing its gate (see above): wait a
+ * moment for the duplicates that hold the gate or the wake lock in share
+ * mode to let them go (they do at once; one that never did must not hold
+ * up a claim or a finish: then the lock is taken at a later call, and
+ * duplicates meanwhile look again every _idem_wait_look() seconds).
  */
 CREATE FUNCTION @extschema@._idem_take_wake_lock()
 RETURNS pg_catalog.bool
@@ -401,6 +416,21 @@ DECLARE
 	me CONSTANT int := pg_backend_pid();
 	saved CONSTANT text := current_setting('lock_timeout');
 BEGIN
+	IF pg_try_advisory_lock(1229651970, me) THEN
+		PERFORM pg_advisory_unlock(1229651970, me);
+	ELSE
+		/* a transaction lock, undone with the subtransaction, whatever ends the wait */
+		BEGIN
+			PERFORM set_config('lock_timeout', '500', true);
+			PERFORM pg_advisory_xact_lock(1229651970, me);
+			RAISE EXCEPTION USING ERRCODE = 'IK000';
+		EXCEPTION
+			WHEN SQLSTATE 'IK000' THEN
+				NULL;			/* passed */
+			WHEN lock_not_available THEN
+				NULL;			/* a duplicate that holds the gate may miss this finish */
+		END;
+	END IF;
 	IF pg_try_advisory_lock(_idem_wake_class(), me) THEN
 		RETURN true;
 	END IF;
@@ -417,8 +447,8 @@ $_idem_take_wake_lock$;
 
 /*
  * Wake the backends waiting on this backend's claims: release the wake lock,
- * which grants it to them, and take it back (after they let it go, which
- * they do at once).
+ * which grants it to them, pass the gate, and take the wake lock back
+ * (after they let both go, which they do at once).
  */
 CREATE FUNCTION @extschema@._idem_wake_waiters()
 RETURNS void
@@ -429,9 +459,11 @@ DECLARE
 	me CONSTANT int := pg_backend_pid();
 BEGIN
 	IF current_setting('idempotency_portable.wake_lock', true) = me::text THEN
-		PERFORM pg_advisory_unlock(_idem_wake_class(), me);
-		IF NOT (pg_try_advisory_lock(_idem_wake_class(), me) OR _idem_take_wake_lock()) THEN
-			PERFORM set_config('idempotency_portable.wake_lock', '', false);
+		IF NOT (pg_advisory_unlock(1229651969, me) AND pg_try_advisory_lock(1229651970, me)
+				AND pg_advisory_unlock(1229651970, me) AND pg_try_advisory_lock(1229651969, me)) THEN
+			IF NOT _idem_take_wake_lock() THEN
+				PERFORM set_config('idempotency_portable.wake_lock', '', false);
+			END IF;
 		END IF;
 	END IF;
 END
@@ -467,20 +499,29 @@ $$;
  * Sleep until the backend waker finishes or aborts one of its claims,
  * ends, or until "until" (the lease end), whichever comes first, and at
  * most "most" seconds.  lock_deadline (NULL: none) is when lock_timeout
- * ends for the calling idem_begin.  Returns whether a wake-up (or the
- * waker's end) ended the sleep, not the time.  The caller looks again
+ * ends for the calling idem_begin.  The caller looked at the calling
+ * role's record of (operation, key) and found it pending with this token,
+ * waker and lease end; this function looks again through the gate (see
+ * above) and sleeps only if that is still so (a transaction writing it
+ * does not count: a finish releases the wake lock after its write, and
+ * a lock left by a rolled-back FOR SHARE would look like one)
+ * (role_id NULL: no look, for REPEATABLE READ, whose snapshot would not
+ * see a change).
+ * Returns 1 if a wake-up (or the waker's end) ended the sleep or the
+ * record changed, 0 if the time is up, 2 if nobody holds the waker's wake
+ * lock (the caller looks again at once, and passes free_before = true:
+ * then this function sleeps the time out).  The caller looks again
  * afterwards.
- *
- * A finish that comes between the caller's look and its lock request wakes
- * nobody: so the caller sleeps a moment first (idem_begin passes 0.05 s
- * after a look that followed a wake-up), then, after one more look, long.
  */
-CREATE FUNCTION @extschema@._idem_wait_for_claim(waker pg_catalog.int4, until pg_catalog.timestamptz,
+CREATE FUNCTION @extschema@._idem_wait_for_claim(role_id pg_catalog.regrole, operation pg_catalog.text,
+												 key pg_catalog.text, token pg_catalog.int8,
+												 waker pg_catalog.int4, until pg_catalog.timestamptz,
 												 lock_deadline pg_catalog.timestamptz,
-												 most pg_catalog.float8)
-RETURNS pg_catalog.bool
+												 most pg_catalog.float8, free_before pg_catalog.bool)
+RETURNS pg_catalog.int4
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET enable_seqscan = off
 AS $_idem_wait_for_claim$
 DECLARE
 	now CONSTANT timestamptz := clock_timestamp();
@@ -493,32 +534,48 @@ BEGIN
 				  DETAIL = 'Another attempt holds the idempotency key.';
 	END IF;
 	ms := greatest(ceil(extract(epoch FROM stop - now) * 1000), 1);
-	/* one expression: nothing runs between taking and releasing the lock */
-	IF waker IS NULL OR waker = pg_backend_pid()
-	   OR (pg_try_advisory_lock_shared(_idem_wake_class(), waker)
-		   AND pg_advisory_unlock_shared(_idem_wake_class(), waker)) THEN
-		/* nobody holds that wake lock: nothing to sleep on but time */
-		PERFORM pg_sleep(ms / 1000.0);
-		RETURN false;
+	IF waker IS NOT NULL AND waker <> pg_backend_pid() THEN
+		/*
+		 * Transaction locks in a subtransaction rolled back at once, never
+		 * session locks: an error that comes as the finish hands the lock
+		 * over (this lock_timeout, a cancel, statement_timeout) must not
+		 * leave it held, or the owner's next claim or finish, which waits
+		 * for its wake lock inside the transaction that wrote the row, and
+		 * this backend, waiting on that row at its next look, deadlock.
+		 */
+		BEGIN
+			PERFORM set_config('lock_timeout', ms::text, true);
+			PERFORM pg_advisory_xact_lock_shared(1229651970, waker);
+			IF role_id IS NOT NULL THEN
+				PERFORM FROM idem_record t
+				 WHERE t.role_id OPERATOR(pg_catalog.=) _idem_wait_for_claim.role_id
+				   AND t.operation = _idem_wait_for_claim.operation
+				   AND t.key = _idem_wait_for_claim.key
+				   AND t.token = _idem_wait_for_claim.token AND t.waker = _idem_wait_for_claim.waker
+				   AND t.expires_at = until AND t.completed_at IS NULL;
+				IF NOT FOUND THEN
+					RAISE EXCEPTION USING ERRCODE = 'IK000';	/* changed: look again */
+				END IF;
+			END IF;
+			IF pg_try_advisory_xact_lock_shared(1229651969, waker) THEN
+				RAISE EXCEPTION USING ERRCODE = 'IK001';	/* nobody holds that wake lock */
+			END IF;
+			PERFORM pg_advisory_xact_lock_shared(1229651969, waker);
+			RAISE EXCEPTION USING ERRCODE = 'IK000';
+		EXCEPTION
+			WHEN lock_not_available THEN
+				RETURN 0;		/* the time is up (the setting is restored) */
+			WHEN SQLSTATE 'IK001' THEN	/* (before IK000, which names its whole class) */
+				IF NOT free_before THEN
+					RETURN 2;
+				END IF;
+			WHEN SQLSTATE 'IK000' THEN
+				RETURN 1;		/* woken; the locks and the setting are undone */
+		END;
 	END IF;
-	/*
-	 * A transaction lock in a subtransaction rolled back at once, never a
-	 * session lock: an error that comes as the finish hands the lock over
-	 * (this lock_timeout, a cancel, statement_timeout) must not leave it
-	 * held, or the owner's next claim or finish, which waits for its wake
-	 * lock inside the transaction that wrote the row, and this backend,
-	 * waiting on that row at its next look, deadlock.
-	 */
-	BEGIN
-		PERFORM set_config('lock_timeout', ms::text, true);
-		PERFORM pg_advisory_xact_lock_shared(_idem_wake_class(), waker);
-		RAISE EXCEPTION USING ERRCODE = 'IK000';
-	EXCEPTION
-		WHEN lock_not_available THEN
-			RETURN false;		/* the time is up (the setting is restored) */
-		WHEN SQLSTATE 'IK000' THEN
-			RETURN true;		/* woken; the lock and the setting are undone */
-	END;
+	/* nothing to sleep on but time */
+	PERFORM pg_sleep(ms / 1000.0);
+	RETURN 0;
 END
 $_idem_wait_for_claim$;
 
@@ -806,7 +863,7 @@ DECLARE
 	state text;
 	mine bool;
 	probed bool := false;
-	short_wait bool := true;
+	woke int := 1;
 	lock_deadline timestamptz;
 	new_token bigint;
 	new_checkpoint jsonb;
@@ -997,13 +1054,18 @@ BEGIN
 			IF lock_deadline IS NULL AND current_setting('lock_timeout') NOT IN ('0', '0ms') THEN
 				lock_deadline := now + current_setting('lock_timeout')::interval;
 			END IF;
-			/* short after a look that followed a wake-up, then long */
-			short_wait := CASE WHEN _idem_wait_for_claim(r.waker, r.expires_at, lock_deadline,
-														 CASE WHEN short_wait THEN 0.05
-															  ELSE _idem_wait_look() END)
-							   THEN true ELSE NOT short_wait END;
-			IF current_setting('transaction_isolation') <> 'read committed' THEN
-				/* no fresh snapshot: a newer version is a serialization failure */
+			IF current_setting('transaction_isolation') = 'read committed' THEN
+				woke := _idem_wait_for_claim(me, op, k, r.token, r.waker, r.expires_at, lock_deadline,
+											 _idem_wait_look(), woke = 2);
+			ELSE
+				/*
+				 * No fresh snapshot, so no look through the gate: short after
+				 * a look that followed a wake-up, then long; a newer version
+				 * is a serialization failure
+				 */
+				woke := _idem_wait_for_claim(NULL, op, k, r.token, r.waker, r.expires_at, lock_deadline,
+											 CASE WHEN woke = 1 THEN 0.05 ELSE _idem_wait_look() END,
+											 woke = 2);
 				PERFORM _idem_wait_for_writer(me, op, k);
 			END IF;
 			probed := false;
@@ -1109,8 +1171,9 @@ BEGIN
 		PERFORM _idem_raise_stale_token(operation, key, token);
 	END IF;
 	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
-		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
-		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+		/* _idem_wake_waiters, inline: with nobody waiting it costs four lock calls */
+		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651970, w)
+				AND pg_advisory_unlock(1229651970, w) AND pg_try_advisory_lock(1229651969, w)) THEN
 			IF NOT _idem_take_wake_lock() THEN
 				PERFORM set_config('idempotency_portable.wake_lock', '', false);
 			END IF;
@@ -1155,8 +1218,9 @@ BEGIN
 		RETURN false;
 	END IF;
 	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
-		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
-		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+		/* _idem_wake_waiters, inline: with nobody waiting it costs four lock calls */
+		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651970, w)
+				AND pg_advisory_unlock(1229651970, w) AND pg_try_advisory_lock(1229651969, w)) THEN
 			IF NOT _idem_take_wake_lock() THEN
 				PERFORM set_config('idempotency_portable.wake_lock', '', false);
 			END IF;

@@ -253,7 +253,7 @@ DECLARE
 	state text;
 	mine bool;
 	probed bool := false;
-	short_wait bool := true;
+	woke int := 1;
 	lock_deadline timestamptz;
 	new_token bigint;
 	new_checkpoint jsonb;
@@ -444,13 +444,18 @@ BEGIN
 			IF lock_deadline IS NULL AND current_setting('lock_timeout') NOT IN ('0', '0ms') THEN
 				lock_deadline := now + current_setting('lock_timeout')::interval;
 			END IF;
-			/* short after a look that followed a wake-up, then long */
-			short_wait := CASE WHEN _idem_wait_for_claim(r.waker, r.expires_at, lock_deadline,
-														 CASE WHEN short_wait THEN 0.05
-															  ELSE _idem_wait_look() END)
-							   THEN true ELSE NOT short_wait END;
-			IF current_setting('transaction_isolation') <> 'read committed' THEN
-				/* no fresh snapshot: a newer version is a serialization failure */
+			IF current_setting('transaction_isolation') = 'read committed' THEN
+				woke := _idem_wait_for_claim(me, op, k, r.token, r.waker, r.expires_at, lock_deadline,
+											 _idem_wait_look(), woke = 2);
+			ELSE
+				/*
+				 * No fresh snapshot, so no look through the gate: short after
+				 * a look that followed a wake-up, then long; a newer version
+				 * is a serialization failure
+				 */
+				woke := _idem_wait_for_claim(NULL, op, k, r.token, r.waker, r.expires_at, lock_deadline,
+											 CASE WHEN woke = 1 THEN 0.05 ELSE _idem_wait_look() END,
+											 woke = 2);
 				PERFORM _idem_wait_for_writer(me, op, k);
 			END IF;
 			probed := false;
@@ -556,8 +561,9 @@ BEGIN
 		PERFORM _idem_raise_stale_token(operation, key, token);
 	END IF;
 	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
-		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
-		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+		/* _idem_wake_waiters, inline: with nobody waiting it costs four lock calls */
+		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651970, w)
+				AND pg_advisory_unlock(1229651970, w) AND pg_try_advisory_lock(1229651969, w)) THEN
 			IF NOT _idem_take_wake_lock() THEN
 				PERFORM set_config('idempotency_portable.wake_lock', '', false);
 			END IF;
@@ -602,8 +608,9 @@ BEGIN
 		RETURN false;
 	END IF;
 	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
-		/* _idem_wake_waiters, inline: its usual case costs two lock calls */
-		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651969, w)) THEN
+		/* _idem_wake_waiters, inline: with nobody waiting it costs four lock calls */
+		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651970, w)
+				AND pg_advisory_unlock(1229651970, w) AND pg_try_advisory_lock(1229651969, w)) THEN
 			IF NOT _idem_take_wake_lock() THEN
 				PERFORM set_config('idempotency_portable.wake_lock', '', false);
 			END IF;

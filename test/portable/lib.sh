@@ -116,3 +116,42 @@ tle_list() {
 	grep -E ' FUNCTION pgtle ' "$1.all"
 	grep -v -E "$own| FUNCTION pgtle " "$1.all"
 }
+
+# session_open FD DB ROLE: a psql session as ROLE in DB, fed statement by
+# statement through file descriptor FD (3 to 9), its output in
+# $WORK/session-FD.out; the caller's exit trap closes FD and waits for it
+session_open() {
+	rm -f "$WORK/session-$1.in" "$WORK/session-$1.out"
+	mkfifo "$WORK/session-$1.in"
+	"$B/psql" -X -q -At -d "$2" -U "$3" <"$WORK/session-$1.in" >"$WORK/session-$1.out" 2>&1 &
+	eval "exec $1>\"\$WORK/session-$1.in\""
+	eval "session_marks_$1=0"
+}
+
+# session_send FD SQL: send SQL to session FD, not waiting for it
+session_send() { printf '%s\n' "$2" >&"$1"; }
+
+# session_run FD SQL: run SQL in session FD, then wait for it
+session_run() {
+	local n
+	n=$(($(eval "echo \$session_marks_$1") + 1))
+	eval "session_marks_$1=$n"
+	printf '%s;\n\\echo mark-%s\n' "$2" "$n" >&"$1"
+	for _ in $(seq 600); do
+		grep -q "^mark-$n\$" "$WORK/session-$1.out" && return 0
+		sleep 0.05
+	done
+	fail "a statement of session $1 did not end: $2"
+}
+
+# session_last FD: session FD's output line before its last mark
+session_last() { grep -v '^mark-' "$WORK/session-$1.out" | tail -n 1; }
+
+# until_sql DB SQL: poll until SQL answers t in DB
+until_sql() {
+	for _ in $(seq 600); do
+		[[ $(q -d "$1" -c "$2") == t ]] && return 0
+		sleep 0.02
+	done
+	fail "timed out waiting for: $2"
+}
