@@ -528,10 +528,13 @@ $$;
  * most "most" seconds.  lock_deadline (NULL: none) is when lock_timeout
  * ends for the calling idem_begin.  The caller looked at the calling
  * role's record of (operation, key) and found it pending with this token,
- * waker and lease end; this function looks again through the gate (see
- * above) and sleeps only if that is still so (a transaction writing it
- * does not count: a finish releases the wake lock after its write, and
- * a lock left by a rolled-back FOR SHARE would look like one)
+ * waker and lease end, and its version's xmax "mark" ('0', or what a
+ * writer or locker that has ended left there); this function looks again
+ * through the gate (see above) and sleeps only if that is still so.  The
+ * mark tells a finish that wrote the version after the caller's look but
+ * has not committed (it passed the gate before this function took it, and
+ * may have taken its wake lock back): its write sets the version's xmax,
+ * and then the caller looks again and waits for that transaction
  * (role_id NULL: no look, for REPEATABLE READ, whose snapshot would not
  * see a change).
  * Returns 1 if a wake-up (or the waker's end) ended the sleep or the
@@ -542,6 +545,7 @@ $$;
  */
 CREATE OR REPLACE FUNCTION idempotency._idem_wait_for_claim(role_id pg_catalog.regrole, operation pg_catalog.text,
 												 key pg_catalog.text, token pg_catalog.int8,
+												 mark pg_catalog.text,
 												 waker pg_catalog.int4, until pg_catalog.timestamptz,
 												 lock_deadline pg_catalog.timestamptz,
 												 most pg_catalog.float8, free_before pg_catalog.bool)
@@ -579,7 +583,8 @@ BEGIN
 				   AND t.operation = _idem_wait_for_claim.operation
 				   AND t.key = _idem_wait_for_claim.key
 				   AND t.token = _idem_wait_for_claim.token AND t.waker = _idem_wait_for_claim.waker
-				   AND t.expires_at = until AND t.completed_at IS NULL;
+				   AND t.expires_at = until AND t.completed_at IS NULL
+				   AND t.xmax::text = mark;
 				IF NOT FOUND THEN
 					RAISE EXCEPTION USING ERRCODE = 'IK000';	/* changed: look again */
 				END IF;
@@ -989,7 +994,7 @@ BEGIN
 		now := clock_timestamp();
 		SELECT t.token, t.fingerprint, t.completed_at, t.expires_at, t.response, t.holder,
 			   t.checkpoint, t.forget_at, t.waker, t.writer,
-			   t.xmax::text <> '0' AS busy
+			   t.xmax::text AS mark, t.xmax::text <> '0' AS busy
 		  INTO r
 		  FROM idem_record t
 		 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k;
@@ -1082,15 +1087,16 @@ BEGIN
 				lock_deadline := now + current_setting('lock_timeout')::interval;
 			END IF;
 			IF current_setting('transaction_isolation') = 'read committed' THEN
-				woke := _idem_wait_for_claim(me, op, k, r.token, r.waker, r.expires_at, lock_deadline,
-											 _idem_wait_look(), woke = 2);
+				woke := _idem_wait_for_claim(me, op, k, r.token, r.mark, r.waker, r.expires_at,
+											 lock_deadline, _idem_wait_look(), woke = 2);
 			ELSE
 				/*
 				 * No fresh snapshot, so no look through the gate: short after
 				 * a look that followed a wake-up, then long; a newer version
 				 * is a serialization failure
 				 */
-				woke := _idem_wait_for_claim(NULL, op, k, r.token, r.waker, r.expires_at, lock_deadline,
+				woke := _idem_wait_for_claim(NULL, op, k, r.token, r.mark, r.waker, r.expires_at,
+											 lock_deadline,
 											 CASE WHEN woke = 1 THEN 0.05 ELSE _idem_wait_look() END,
 											 woke = 2);
 				PERFORM _idem_wait_for_writer(me, op, k);

@@ -205,10 +205,13 @@ $$;
  * most "most" seconds.  lock_deadline (NULL: none) is when lock_timeout
  * ends for the calling idem_begin.  The caller looked at the calling
  * role's record of (operation, key) and found it pending with this token,
- * waker and lease end; this function looks again through the gate (see
- * above) and sleeps only if that is still so (a transaction writing it
- * does not count: a finish releases the wake lock after its write, and
- * a lock left by a rolled-back FOR SHARE would look like one)
+ * waker and lease end, and its version's xmax "mark" ('0', or what a
+ * writer or locker that has ended left there); this function looks again
+ * through the gate (see above) and sleeps only if that is still so.  The
+ * mark tells a finish that wrote the version after the caller's look but
+ * has not committed (it passed the gate before this function took it, and
+ * may have taken its wake lock back): its write sets the version's xmax,
+ * and then the caller looks again and waits for that transaction
  * (role_id NULL: no look, for REPEATABLE READ, whose snapshot would not
  * see a change).
  * Returns 1 if a wake-up (or the waker's end) ended the sleep or the
@@ -219,6 +222,7 @@ $$;
  */
 CREATE FUNCTION @extschema@._idem_wait_for_claim(role_id pg_catalog.regrole, operation pg_catalog.text,
 												 key pg_catalog.text, token pg_catalog.int8,
+												 mark pg_catalog.text,
 												 waker pg_catalog.int4, until pg_catalog.timestamptz,
 												 lock_deadline pg_catalog.timestamptz,
 												 most pg_catalog.float8, free_before pg_catalog.bool)
@@ -256,7 +260,8 @@ BEGIN
 				   AND t.operation = _idem_wait_for_claim.operation
 				   AND t.key = _idem_wait_for_claim.key
 				   AND t.token = _idem_wait_for_claim.token AND t.waker = _idem_wait_for_claim.waker
-				   AND t.expires_at = until AND t.completed_at IS NULL;
+				   AND t.expires_at = until AND t.completed_at IS NULL
+				   AND t.xmax::text = mark;
 				IF NOT FOUND THEN
 					RAISE EXCEPTION USING ERRCODE = 'IK000';	/* changed: look again */
 				END IF;

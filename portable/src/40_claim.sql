@@ -352,7 +352,7 @@ BEGIN
 		now := clock_timestamp();
 		SELECT t.token, t.fingerprint, t.completed_at, t.expires_at, t.response, t.holder,
 			   t.checkpoint, t.forget_at, t.waker, t.writer,
-			   t.xmax::text <> '0' AS busy
+			   t.xmax::text AS mark, t.xmax::text <> '0' AS busy
 		  INTO r
 		  FROM idem_record t
 		 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k;
@@ -445,15 +445,16 @@ BEGIN
 				lock_deadline := now + current_setting('lock_timeout')::interval;
 			END IF;
 			IF current_setting('transaction_isolation') = 'read committed' THEN
-				woke := _idem_wait_for_claim(me, op, k, r.token, r.waker, r.expires_at, lock_deadline,
-											 _idem_wait_look(), woke = 2);
+				woke := _idem_wait_for_claim(me, op, k, r.token, r.mark, r.waker, r.expires_at,
+											 lock_deadline, _idem_wait_look(), woke = 2);
 			ELSE
 				/*
 				 * No fresh snapshot, so no look through the gate: short after
 				 * a look that followed a wake-up, then long; a newer version
 				 * is a serialization failure
 				 */
-				woke := _idem_wait_for_claim(NULL, op, k, r.token, r.waker, r.expires_at, lock_deadline,
+				woke := _idem_wait_for_claim(NULL, op, k, r.token, r.mark, r.waker, r.expires_at,
+											 lock_deadline,
 											 CASE WHEN woke = 1 THEN 0.05 ELSE _idem_wait_look() END,
 											 woke = 2);
 				PERFORM _idem_wait_for_writer(me, op, k);
