@@ -48,9 +48,26 @@
 
 static planner_hook_type prev_planner = NULL;
 
+/* Is s the suffix of a versioned entry point, such as "_1_4"? */
+static bool
+is_version_suffix(const char *s)
+{
+	if (*s == '\0')
+		return false;
+	while (*s == '_' && isdigit((unsigned char) s[1]))
+	{
+		s++;
+		while (isdigit((unsigned char) *s))
+			s++;
+	}
+	return *s == '\0';
+}
+
 /*
  * Is funcid one of our functions that take a key?  If so, *key_arg and
- * *tenant_arg (-1: none) are the arguments Citus may delegate it by.
+ * *tenant_arg (-1: none) are the arguments Citus may delegate it by.  Its
+ * C entry point is the function's name, with a version's suffix or not
+ * ("idem_begin_1_4": see the install script), or its tenant form's.
  */
 static bool
 distribution_args(Oid funcid, int *key_arg, int *tenant_arg)
@@ -85,7 +102,7 @@ distribution_args(Oid funcid, int *key_arg, int *tenant_arg)
 
 				if (strncmp(symbol, keyed[i], n) != 0)
 					continue;
-				if (symbol[n] == '\0')
+				if (symbol[n] == '\0' || is_version_suffix(symbol + n))
 				{
 					*tenant_arg = -1;
 					*key_arg = 1;
