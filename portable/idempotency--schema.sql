@@ -845,8 +845,8 @@ $$;
 /* Insert a claim of an absent key; NULL when a record is there (committed meanwhile) */
 CREATE OR REPLACE FUNCTION idempotency._idem_insert_claim(me pg_catalog.regrole, op pg_catalog.text,
 	k pg_catalog.text, fp pg_catalog.bytea, ttl_iv pg_catalog.interval,
-	now pg_catalog.timestamptz, lease_us pg_catalog.int8, take pg_catalog.text,
-	remember_us pg_catalog.int8)
+	now pg_catalog.timestamptz, lease_iv pg_catalog.interval, take pg_catalog.text,
+	remember_iv pg_catalog.interval)
 RETURNS pg_catalog.int8
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, idempotency, pg_temp
@@ -855,9 +855,9 @@ AS $$
 		(role_id, operation, key, token, fingerprint, ttl, created_at,
 		 expires_at, holder, forget_at, waker, writer)
 	VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
-			now + make_interval(secs => lease_us / 1000000.0),
+			now + lease_iv,
 			CASE WHEN take = 'session' THEN _idem_session_holder() END,
-			CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+			now + remember_iv,
 			pg_backend_pid(), pg_current_xact_id())
 	ON CONFLICT DO NOTHING
 	RETURNING t.token
@@ -865,52 +865,27 @@ $$;
 
 /* ---- idem_begin ---- */
 
-CREATE OR REPLACE FUNCTION idempotency.idem_begin(
-	operation	pg_catalog.text,
-	key			pg_catalog.text,
-	fingerprint	pg_catalog.bytea,
-	in_flight	pg_catalog.text DEFAULT NULL,
-	lease		pg_catalog.interval DEFAULT NULL,
-	ttl			pg_catalog.interval DEFAULT NULL,
-	takeover	pg_catalog.text DEFAULT NULL,
-	remember	pg_catalog.interval DEFAULT NULL)
-RETURNS idempotency.idem_claim
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+/*
+ * idem_begin's arguments in full, as the C edition checks them before it
+ * looks at the key: the names and the fingerprint, then each option from
+ * its argument or else its setting, then the transaction.  Returns the
+ * options; raises what is wrong.
+ */
+CREATE OR REPLACE FUNCTION idempotency._idem_begin_options(
+	op pg_catalog.text, k pg_catalog.text, fp pg_catalog.bytea,
+	in_flight pg_catalog.text, lease pg_catalog.interval, ttl pg_catalog.interval,
+	takeover pg_catalog.text, remember pg_catalog.interval,
+	OUT policy pg_catalog.text, OUT take pg_catalog.text, OUT lease_iv pg_catalog.interval,
+	OUT ttl_iv pg_catalog.interval, OUT remember_iv pg_catalog.interval)
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, idempotency, pg_temp
-SET enable_seqscan = off
-AS $idem_begin$
+AS $_idem_begin_options$
 DECLARE
-	op CONSTANT text := idem_begin.operation;
-	k CONSTANT text := idem_begin.key;
-	fp CONSTANT bytea := idem_begin.fingerprint;
-	me regrole;
-	policy text;
-	take text;
 	lease_us bigint;
-	ttl_iv interval;
 	ttl_us bigint;
 	remember_us bigint;
-	r record;
-	now timestamptz;
-	state text;
-	mine bool;
-	probed bool := false;
-	woke int := 1;
-	lock_deadline timestamptz;
-	new_token bigint;
-	new_checkpoint jsonb;
-	saved_lock_timeout text;
 BEGIN
-	/*
-	 * The arguments, or the settings that give their defaults.  The usual
-	 * call (no setting set, no optional argument) is checked inline, with
-	 * no function call: the helpers run only where there is something to
-	 * parse or an error to raise.
-	 */
-	IF op IS NULL OR k IS NULL OR char_length(op) NOT BETWEEN 1 AND 255
-	   OR char_length(k) NOT BETWEEN 1 AND 255 THEN
-		PERFORM _idem_check_name(op, 'operation'), _idem_check_name(k, 'key');
-	END IF;
+	PERFORM _idem_check_name(op, 'operation'), _idem_check_name(k, 'key');
 	IF length(fp) > 1024 THEN
 		RAISE EXCEPTION 'argument "%" is too long', 'fingerprint'
 			USING ERRCODE = '22023',
@@ -919,20 +894,14 @@ BEGIN
 	END IF;
 	policy := lower(in_flight);
 	IF policy IS NULL THEN
-		policy := coalesce(nullif(current_setting('idempotency.in_flight', true), ''), 'wait');
-		IF policy <> 'wait' THEN
-			policy := coalesce(_idem_setting_word('idempotency.in_flight', '{wait,raise}'), 'wait');
-		END IF;
+		policy := coalesce(_idem_setting_word('idempotency.in_flight', '{wait,raise}'), 'wait');
 	ELSIF policy NOT IN ('wait', 'raise') THEN
 		RAISE EXCEPTION 'unknown in_flight policy "%"', in_flight
 			USING ERRCODE = '22023', HINT = 'Use ''wait'' or ''raise''.';
 	END IF;
 	take := lower(takeover);
 	IF take IS NULL THEN
-		take := coalesce(nullif(current_setting('idempotency.takeover', true), ''), 'lease');
-		IF take <> 'lease' THEN
-			take := coalesce(_idem_setting_word('idempotency.takeover', '{lease,session}'), 'lease');
-		END IF;
+		take := coalesce(_idem_setting_word('idempotency.takeover', '{lease,session}'), 'lease');
 	ELSIF take NOT IN ('lease', 'session') THEN
 		RAISE EXCEPTION 'unknown takeover policy "%"', takeover
 			USING ERRCODE = '22023', HINT = 'Use ''lease'' or ''session''.';
@@ -988,20 +957,108 @@ BEGIN
 	IF current_setting('transaction_read_only') = 'on' THEN
 		PERFORM _idem_check_writable('idem_begin()');
 	END IF;
+	lease_iv := make_interval(secs => lease_us / 1000000.0);
+	remember_iv := CASE WHEN remember_us > 0 THEN make_interval(secs => remember_us / 1000000.0) END;
+END
+$_idem_begin_options$;
 
-	me := quote_ident(current_user)::regrole;
+CREATE OR REPLACE FUNCTION idempotency.idem_begin(
+	operation	pg_catalog.text,
+	key			pg_catalog.text,
+	fingerprint	pg_catalog.bytea,
+	in_flight	pg_catalog.text DEFAULT NULL,
+	lease		pg_catalog.interval DEFAULT NULL,
+	ttl			pg_catalog.interval DEFAULT NULL,
+	takeover	pg_catalog.text DEFAULT NULL,
+	remember	pg_catalog.interval DEFAULT NULL)
+RETURNS idempotency.idem_claim
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, idempotency, pg_temp
+SET enable_seqscan = off
+AS $idem_begin$
+DECLARE
+	op ALIAS FOR idem_begin.operation;
+	k ALIAS FOR idem_begin.key;
+	fp ALIAS FOR idem_begin.fingerprint;
+	usual bool;
+	policy text;				/* these, once the call is checked */
+	take text;
+	lease_iv interval;
+	ttl_iv interval;
+	remember_iv interval;
+	me regrole;
+	r record;
+	now timestamptz;
+	probed bool;
+	woke int;
+	lock_deadline timestamptz;
+	new_token bigint;
+	new_checkpoint jsonb;
+	saved_lock_timeout text;
+BEGIN
+	/*
+	 * The usual call: no optional argument, no setting, a writable
+	 * transaction.  What it leaves out is what must fail even a replay, as
+	 * in the C edition.  Its replay needs nothing more than the lookup: a
+	 * completed record with this fingerprint vouches for the names and the
+	 * fingerprint.  Every other path checks the call in full before it
+	 * acts.  (PL/pgSQL builds its expressions anew in every transaction,
+	 * some thousand instructions for each function in them: the replay and
+	 * the new key evaluate as few as they can.)
+	 */
+	usual := num_nonnulls(in_flight, lease, ttl, takeover, remember) = 0
+			 AND concat(current_setting('idempotency.in_flight', true),
+						current_setting('idempotency.takeover', true),
+						current_setting('idempotency.lease', true),
+						current_setting('idempotency.ttl', true),
+						current_setting('idempotency.remember', true),
+						current_setting('idempotency.max_response_size', true),
+						current_setting('transaction_read_only')) = 'off';
 	LOOP
+		/*
+		 * The key's record and its state as idem_begin takes it
+		 * (_idem_state, inline; 'ours': pending, and this transaction wrote it)
+		 */
 		now := clock_timestamp();
-		SELECT t.token, t.fingerprint, t.completed_at, t.expires_at, t.response, t.holder,
-			   t.checkpoint, t.forget_at, t.waker, t.writer,
-			   t.xmax::text AS mark, t.xmax::text <> '0' AS busy
+		SELECT t.token, t.fingerprint, t.completed_at, t.expires_at, t.response,
+			   t.forget_at, t.waker, t.xmax::text AS mark,
+			   CASE WHEN t.completed_at IS NOT NULL THEN
+						CASE WHEN t.expires_at > now THEN 'completed'
+							 WHEN t.forget_at > now THEN 'remembered'
+							 ELSE 'expired' END
+					WHEN t.writer = pg_current_xact_id_if_assigned() THEN 'ours'
+					WHEN t.expires_at <= now THEN 'lapsed'
+					WHEN t.holder IS NOT NULL AND NOT _idem_session_alive(t.holder) THEN 'lapsed'
+					ELSE 'pending' END AS state
 		  INTO r
 		  FROM idem_record t
-		 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k;
+		 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
+		   AND t.operation = op AND t.key = k;
 
-		IF NOT FOUND THEN
+		IF usual AND r.state = 'completed' AND r.fingerprint IS NOT DISTINCT FROM fp THEN
+			RETURN ROW('replay', NULL, r.response)::idem_claim;
+		END IF;
+		IF policy IS NULL THEN
+			/* the call, checked in full once */
+			IF usual AND coalesce(char_length(op) BETWEEN 1 AND 255 AND char_length(k) BETWEEN 1 AND 255
+								  AND coalesce(length(fp) <= 1024, true), false) THEN
+				policy := 'wait';
+				take := 'lease';
+				lease_iv := interval '30 seconds';
+				ttl_iv := interval '24 hours';
+			ELSE
+				SELECT o.policy, o.take, o.lease_iv, o.ttl_iv, o.remember_iv
+				  INTO policy, take, lease_iv, ttl_iv, remember_iv
+				  FROM _idem_begin_options(op, k, fp, in_flight, lease, ttl, takeover, remember) o;
+			END IF;
+			me := quote_ident(current_user)::regrole;
+			probed := false;
+			woke := 1;
+		END IF;
+
+		IF r.token IS NULL THEN
 			/*
-			 * Absent: insert.  A transaction inserting the same key makes
+			 * Absent (the lookup found no row): insert.  A transaction inserting the same key makes
 			 * the insert wait for its end (raise: at most a millisecond,
 			 * then IK409); a committed record makes it do nothing: look
 			 * again.  Under REPEATABLE READ a record committed after the
@@ -1012,9 +1069,9 @@ BEGIN
 					(role_id, operation, key, token, fingerprint, ttl, created_at,
 					 expires_at, holder, forget_at, waker, writer)
 				VALUES (me, op, k, nextval('idem_token_seq'), fp, ttl_iv, now,
-						now + make_interval(secs => lease_us / 1000000.0),
+						now + lease_iv,
 						CASE WHEN take = 'session' THEN _idem_session_holder() END,
-						CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+						now + remember_iv,
 						pg_backend_pid(), pg_current_xact_id())
 				ON CONFLICT DO NOTHING
 				RETURNING t.token INTO new_token;
@@ -1024,7 +1081,7 @@ BEGIN
 					IF policy = 'raise' THEN
 						PERFORM set_config('lock_timeout', '1', true);
 					END IF;
-					new_token := _idem_insert_claim(me, op, k, fp, ttl_iv, now, lease_us, take, remember_us);
+					new_token := _idem_insert_claim(me, op, k, fp, ttl_iv, now, lease_iv, take, remember_iv);
 					PERFORM set_config('lock_timeout', saved_lock_timeout, true);
 				EXCEPTION
 					WHEN lock_not_available THEN
@@ -1051,34 +1108,21 @@ BEGIN
 			RETURN ROW('new', new_token, NULL)::idem_claim;
 		END IF;
 
-		mine := coalesce(r.writer = pg_current_xact_id_if_assigned(), false);
-		/* _idem_state, inline */
-		IF r.completed_at IS NULL THEN
-			state := CASE WHEN mine THEN 'pending'
-						  WHEN r.expires_at <= now THEN 'lapsed'
-						  WHEN r.holder IS NOT NULL AND NOT _idem_session_alive(r.holder) THEN 'lapsed'
-						  ELSE 'pending' END;
-		ELSE
-			state := CASE WHEN r.expires_at > now THEN 'completed'
-						  WHEN r.forget_at > now THEN 'remembered'
-						  ELSE 'expired' END;
-		END IF;
-
-		IF state IN ('pending', 'completed') THEN
+		IF r.state IN ('pending', 'ours', 'completed') THEN
 			IF r.fingerprint IS DISTINCT FROM fp THEN
 				PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
 			END IF;
-			IF state = 'completed' THEN
+			IF r.state = 'completed' THEN
 				RETURN ROW('replay', NULL, r.response)::idem_claim;
 			END IF;
-			IF mine THEN
+			IF r.state = 'ours' THEN
 				PERFORM _idem_raise_in_progress(op, k, true);
 			END IF;
 			IF policy = 'raise' THEN
 				PERFORM _idem_raise_in_progress(op, k, false);
 			END IF;
 			/* wait: for a transaction writing it, or for the claim's end */
-			IF r.busy AND NOT probed THEN
+			IF r.mark <> '0' AND NOT probed THEN
 				PERFORM _idem_wait_for_writer(me, op, k);
 				probed := true;
 				CONTINUE;
@@ -1105,7 +1149,7 @@ BEGIN
 			CONTINUE;
 		END IF;
 
-		IF state = 'remembered' THEN
+		IF r.state = 'remembered' THEN
 			PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
 			RAISE EXCEPTION 'request with idempotency key "%" was completed, and its stored response has expired', k
 				USING ERRCODE = 'IK410',
@@ -1124,12 +1168,12 @@ BEGIN
 		UPDATE idem_record t
 		   SET token = greatest(nextval('idem_token_seq'), t.token + 1),
 			   fingerprint = fp, ttl = ttl_iv, created_at = now, completed_at = NULL,
-			   expires_at = now + make_interval(secs => lease_us / 1000000.0),
+			   expires_at = now + lease_iv,
 			   response = NULL,
 			   holder = CASE WHEN take = 'session' THEN _idem_session_holder() END,
 			   checkpoint = CASE WHEN t.completed_at IS NULL THEN t.checkpoint END,
 			   takeovers = CASE WHEN t.completed_at IS NULL THEN t.takeovers + 1 ELSE 0 END,
-			   forget_at = CASE WHEN remember_us > 0 THEN now + make_interval(secs => remember_us / 1000000.0) END,
+			   forget_at = now + remember_iv,
 			   waker = pg_backend_pid(), writer = pg_current_xact_id()
 		 WHERE t.role_id OPERATOR(pg_catalog.=) me AND t.operation = op AND t.key = k
 		   AND t.token = r.token AND t.expires_at = r.expires_at
@@ -1170,29 +1214,30 @@ AS $idem_finish$
 DECLARE
 	now CONSTANT timestamptz := clock_timestamp();
 	w int;
-	max_size bigint;
 BEGIN
-	IF operation IS NULL OR key IS NULL OR token IS NULL OR response IS NULL
-	   OR char_length(operation) NOT BETWEEN 1 AND 255 OR char_length(key) NOT BETWEEN 1 AND 255 THEN
+	/*
+	 * The usual call in one expression, as in idem_begin: a response within
+	 * the default size, no setting, a writable transaction.  Its names are
+	 * checked only if the claim is not found: a record vouches for them.
+	 */
+	IF NOT coalesce(pg_column_size(response) <= 65536 AND octet_length(response::text) <= 65536
+					AND concat(current_setting('idempotency.max_response_size', true),
+							   current_setting('transaction_read_only')) = 'off', false) THEN
+		/* these raise what is wrong: a null, a name out of range, a response too large */
 		PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
 				_idem_require(token IS NULL, 'token'), _idem_check_response(response, 'response');
+		IF current_setting('transaction_read_only') = 'on' THEN
+			PERFORM _idem_check_writable('idem_finish()');
+		END IF;
 	END IF;
-	max_size := CASE WHEN nullif(current_setting('idempotency.max_response_size', true), '') IS NULL
-					 THEN 65536 ELSE _idem_max_response_size() END;
-	IF pg_column_size(response) > max_size OR octet_length(response::text) > max_size THEN
-		PERFORM _idem_check_response(response, 'response');
-	END IF;
-	IF current_setting('transaction_read_only') = 'on' THEN
-		PERFORM _idem_check_writable('idem_finish()');
-	END IF;
-	/* the ttl's months count 30 days, as in the C edition */
+	/*
+	 * The ttl in seconds, a day 86,400 and a month 30 days, as in the C
+	 * edition (extract(epoch) counts a year as 365.25 days: 5.25 too many)
+	 */
 	UPDATE idem_record t
 	   SET completed_at = now,
-		   expires_at = now + t.ttl
-						- make_interval(years => extract(year FROM t.ttl)::int,
-										months => extract(month FROM t.ttl)::int)
-						+ make_interval(days => ((extract(year FROM t.ttl) * 12
-												  + extract(month FROM t.ttl)) * 30)::int),
+		   expires_at = now + make_interval(secs => extract(epoch FROM t.ttl)
+													- extract(year FROM t.ttl) * 453600),
 		   response = idem_finish.response, checkpoint = NULL, holder = NULL,
 		   forget_at = now + (t.forget_at - t.created_at),
 		   writer = pg_current_xact_id()
@@ -1201,6 +1246,8 @@ BEGIN
 	   AND t.token = idem_finish.token AND t.completed_at IS NULL
 	RETURNING t.waker INTO w;
 	IF NOT FOUND THEN
+		PERFORM _idem_check_name(operation, 'operation'), _idem_check_name(key, 'key'),
+				_idem_require(token IS NULL, 'token');
 		PERFORM _idem_raise_stale_token(operation, key, token);
 	END IF;
 	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
