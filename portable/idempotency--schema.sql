@@ -1058,11 +1058,12 @@ BEGIN
 
 		IF r.token IS NULL THEN
 			/*
-			 * Absent (the lookup found no row): insert.  A transaction inserting the same key makes
-			 * the insert wait for its end (raise: at most a millisecond,
-			 * then IK409); a committed record makes it do nothing: look
-			 * again.  Under REPEATABLE READ a record committed after the
-			 * snapshot is a serialization failure.
+			 * Absent (the look found no row): insert.  A transaction
+			 * inserting the same key makes the insert wait for its end
+			 * (raise: at most a millisecond, then IK409); a committed record
+			 * makes it do nothing: look again.  Under REPEATABLE READ a
+			 * record committed after the snapshot is a serialization
+			 * failure.
 			 */
 			IF policy = 'wait' AND current_setting('transaction_isolation') = 'read committed' THEN
 				INSERT INTO idem_record AS t
