@@ -970,6 +970,7 @@ DECLARE
 	me regrole;
 	r record;
 	now timestamptz;
+	state text;
 	probed bool;
 	woke int;
 	lock_deadline timestamptz;
@@ -996,27 +997,16 @@ BEGIN
 						current_setting('idempotency.max_response_size', true),
 						current_setting('transaction_read_only')) = 'off';
 	LOOP
-		/*
-		 * The key's record and its state as idem_begin takes it
-		 * (_idem_state, inline; 'ours': pending, and this transaction wrote it)
-		 */
 		now := clock_timestamp();
 		SELECT t.token, t.fingerprint, t.completed_at, t.expires_at, t.response,
-			   t.forget_at, t.waker, t.xmax::text AS mark,
-			   CASE WHEN t.completed_at IS NOT NULL THEN
-						CASE WHEN t.expires_at > now THEN 'completed'
-							 WHEN t.forget_at > now THEN 'remembered'
-							 ELSE 'expired' END
-					WHEN t.writer = pg_current_xact_id_if_assigned() THEN 'ours'
-					WHEN t.expires_at <= now THEN 'lapsed'
-					WHEN t.holder IS NOT NULL AND NOT _idem_session_alive(t.holder) THEN 'lapsed'
-					ELSE 'pending' END AS state
+			   t.forget_at, t.holder, t.waker, t.writer, t.xmax::text AS mark
 		  INTO r
 		  FROM idem_record t
 		 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
 		   AND t.operation = op AND t.key = k;
 
-		IF usual AND r.state = 'completed' AND r.fingerprint IS NOT DISTINCT FROM fp THEN
+		IF usual AND r.completed_at IS NOT NULL AND r.expires_at > now
+		   AND r.fingerprint IS NOT DISTINCT FROM fp THEN
 			RETURN ROW('replay', NULL, r.response)::idem_claim;
 		END IF;
 		IF policy IS NULL THEN
@@ -1090,14 +1080,26 @@ BEGIN
 			RETURN ROW('new', new_token, NULL)::idem_claim;
 		END IF;
 
-		IF r.state IN ('pending', 'ours', 'completed') THEN
+		/*
+		 * The record's state as idem_begin takes it (_idem_state, inline;
+		 * 'ours': pending, and this transaction wrote it)
+		 */
+		state := CASE WHEN r.completed_at IS NOT NULL THEN
+						  CASE WHEN r.expires_at > now THEN 'completed'
+							   WHEN r.forget_at > now THEN 'remembered'
+							   ELSE 'expired' END
+					  WHEN r.writer = pg_current_xact_id_if_assigned() THEN 'ours'
+					  WHEN r.expires_at <= now THEN 'lapsed'
+					  WHEN r.holder IS NOT NULL AND NOT _idem_session_alive(r.holder) THEN 'lapsed'
+					  ELSE 'pending' END;
+		IF state IN ('pending', 'ours', 'completed') THEN
 			IF r.fingerprint IS DISTINCT FROM fp THEN
 				PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
 			END IF;
-			IF r.state = 'completed' THEN
+			IF state = 'completed' THEN
 				RETURN ROW('replay', NULL, r.response)::idem_claim;
 			END IF;
-			IF r.state = 'ours' THEN
+			IF state = 'ours' THEN
 				PERFORM _idem_raise_in_progress(op, k, true);
 			END IF;
 			IF policy = 'raise' THEN
@@ -1131,7 +1133,7 @@ BEGIN
 			CONTINUE;
 		END IF;
 
-		IF r.state = 'remembered' THEN
+		IF state = 'remembered' THEN
 			PERFORM _idem_check_fingerprint(k, r.fingerprint, fp);
 			RAISE EXCEPTION 'request with idempotency key "%" was completed, and its stored response has expired', k
 				USING ERRCODE = 'IK410',
