@@ -989,6 +989,11 @@ BEGIN
 						current_setting('idempotency.max_response_size', true),
 						current_setting('transaction_read_only')) = 'off';
 	LOOP
+		/*
+		 * The role is written as the row-level security policy writes it,
+		 * not as the variable me: the planner then takes the two quals for
+		 * one, and the policy costs the look-up nothing
+		 */
 		now := clock_timestamp();
 		SELECT t.token, t.fingerprint, t.completed_at, t.expires_at, t.response,
 			   t.forget_at, t.holder, t.waker, t.writer, t.xmax::text AS mark
