@@ -1352,9 +1352,13 @@ BEGIN
 	 WHERE t.role_id OPERATOR(pg_catalog.=) quote_ident(current_user)::regrole
 	   AND t.operation = idem_renew.operation AND t.key = idem_renew.key
 	   AND t.token = idem_renew.token AND t.completed_at IS NULL
-	RETURNING t.expires_at, t.ttl INTO r;
+	RETURNING t.expires_at, t.waker INTO r;
 	IF NOT FOUND THEN
 		PERFORM _idem_raise_stale_token(operation, key, token);
+	END IF;
+	/* a duplicate asleep on the claim sleeps until the old lease end: wake it to look again */
+	IF r.waker = pg_backend_pid() THEN
+		PERFORM _idem_wake_waiters();
 	END IF;
 	RETURN r.expires_at;
 END
