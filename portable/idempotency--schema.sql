@@ -1305,14 +1305,8 @@ BEGIN
 		END IF;
 		RETURN false;
 	END IF;
-	IF w = pg_backend_pid() AND current_setting('idempotency_portable.wake_lock', true) = w::text THEN
-		/* _idem_wake_waiters, inline: with nobody waiting it costs four lock calls */
-		IF NOT (pg_advisory_unlock(1229651969, w) AND pg_try_advisory_lock(1229651970, w)
-				AND pg_advisory_unlock(1229651970, w) AND pg_try_advisory_lock(1229651969, w)) THEN
-			IF NOT _idem_take_wake_lock() THEN
-				PERFORM set_config('idempotency_portable.wake_lock', '', false);
-			END IF;
-		END IF;
+	IF w = pg_backend_pid() THEN
+		PERFORM _idem_wake_waiters();
 	END IF;
 	RETURN true;
 END
