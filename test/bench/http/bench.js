@@ -455,11 +455,31 @@ function report(meta) {
 		['external call, replays: extension / faster Redis library', fix(toRedis('charges-replay')), '≥ 0.90', toRedis('charges-replay') >= 0.9],
 		['in-transaction, replays: extension / faster Redis library', fix(toRedis('orders-replay')), '≥ 0.90', toRedis('orders-replay') >= 0.9],
 	];
-	p('| target (issue 22.6) | measured | required | met? |');
-	p('|---|---|---|---|');
-	for (const [name, m, req, ok] of targets) {
-		// '—' when that part did not run
-		p(`| ${name} | ${m} | ${req} | ${ok === null || m === '—' ? '—' : ok ? 'yes' : '**NO**'} |`);
+	// issue 42: CPU per request of every process against the faster Redis
+	// library's, and the claim with a checkpoint against the one without
+	const faster = (w) => (stat(w, 'expidem', (s) => s.rps) > stat(w, 'nodeidem', (s) => s.rps) ? 'expidem' : 'nodeidem');
+	const cpuTo = (w, c, b) => paired(w, c, cpuTotal, b);
+	const targets42 = [
+		['external call, new keys (the example, recovery on): CPU per request, extension / faster Redis library',
+			fix(cpuTo('charges-new', 'ext', faster('charges-new'))), '≤ 1.00', cpuTo('charges-new', 'ext', faster('charges-new')) <= 1],
+		['external call, new keys: req/s, extension / baseline', fix(toBase('charges-new')), '≥ 0.90', toBase('charges-new') >= 0.9],
+		...['charges-replay', 'orders-replay'].flatMap((w) => [
+			[`${w === 'orders-replay' ? 'in-transaction' : 'external call'}, replays: req/s, extension / faster Redis library`,
+				fix(toRedis(w)), '≥ 1.00', toRedis(w) >= 1],
+			[`${w === 'orders-replay' ? 'in-transaction' : 'external call'}, replays: CPU per request, extension / faster Redis library`,
+				fix(cpuTo(w, 'ext', faster(w))), '≤ 1.00', cpuTo(w, 'ext', faster(w)) <= 1],
+		]),
+		['external call, new keys: CPU per request, CHECKPOINT=on / the example',
+			fix(cpuTo('charges-new', 'extckpt', 'ext')), '≤ 1.20', cpuTo('charges-new', 'extckpt', 'ext') <= 1.2],
+	];
+	for (const [issue, list] of [['issue 22.6', targets], ['issue 42; paired rounds', targets42]]) {
+		p(`| target (${issue}) | measured | required | met? |`);
+		p('|---|---|---|---|');
+		for (const [name, m, req, ok] of list) {
+			// '—' when that part did not run
+			p(`| ${name} | ${m} | ${req} | ${ok === null || m === '—' ? '—' : ok ? 'yes' : '**NO**'} |`);
+		}
+		p();
 	}
 	return out.join('\n');
 }
