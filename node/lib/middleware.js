@@ -149,7 +149,9 @@ function problemFor(err, { retryAfter = 1 } = {}) {
 	if (err instanceof errors.InvalidRequestError) {
 		return problem(400, 'invalid-request', `Invalid argument: ${err.message}.`);
 	}
-	if (err?.code === '25006' || err?.code === '57014') {
+	// read-only, cancelled, or a serialization failure that outlasted the
+	// claim's retries: the database is there, but cannot take the claim now
+	if (['25006', '57014', '40001'].includes(err?.code)) {
 		return problem(503, 'service-unavailable', 'The database cannot take writes right now. Retry with the same key.',
 			{ headers: { 'Retry-After': '1' } });
 	}

@@ -141,3 +141,24 @@ test("onStoreError 'run' does not fail open when the pool is only busy: 503, not
 	open();
 	assert.equal((await first).status, 201);
 });
+
+test('a serialization failure (40001) that outlasts idem_begin\'s retries: 503 with Retry-After: 1, nothing runs', async () => {
+	const key = newKey('serialization');
+	await s.db.query(`CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.key = '${key}' THEN
+				RAISE EXCEPTION 'could not serialize access' USING ERRCODE = 'serialization_failure';
+			END IF;
+			RETURN NEW;
+		END $$`);
+	await s.db.query('CREATE TRIGGER refuse_claim BEFORE INSERT OR UPDATE ON idem_record FOR EACH ROW EXECUTE FUNCTION refuse_claim()');
+	try {
+		const r = await post('/respond', key, { amount: 5, size: 0 });
+		assert.equal(r.status, 503, r.text);
+		assert.equal(r.json.type, 'urn:idempotency:problem:service-unavailable');
+		assert.equal(r.headers.get('retry-after'), '1');
+	} finally {
+		await s.db.query('DROP FUNCTION refuse_claim() CASCADE');
+	}
+	assert.equal(await effects(key), 0);
+});
