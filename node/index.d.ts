@@ -146,7 +146,7 @@ declare global {
 export type Middleware = (req: IncomingMessage & any, res: ServerResponse & any, next: (err?: unknown) => void) => void;
 
 export class IdempotencyClient {
-  constructor(pool: Pool, options?: ClientOptions & { tokens?: 'string' });
+  constructor(pool: Pool, options?: ClientOptions);
   readonly pool: Pool;
   begin(operation: string, key: string, fingerprint: Buffer | FingerprintValue[] | null, options?: BeginOptions): Promise<Claim>;
   inspect(operation: string, key: string): Promise<InspectRow | null>;
