@@ -12,6 +12,8 @@
 // Once the handler has run, a failure to store never leads to a second run:
 // the key is completed with the response-not-stored answer instead.
 
+const { setTimeout: sleep } = require('node:timers/promises');
+
 const { parseIdempotencyKey } = require('./key');
 const { fingerprint: computeFingerprint } = require('./fingerprint');
 const { milliseconds } = require('./duration');
@@ -37,6 +39,10 @@ const PARTS = new Set(['body', 'params', 'query', 'headers']);
 const NOT_STORED = new Set([408, 425, 429]);
 
 const defaultStore = (status) => status < 500 && !NOT_STORED.has(status);
+// a response the database refuses to store is tried again after these
+// delays (ms): the first, doubled each round up to the last
+const STORE_DELAY = 100;
+const MAX_STORE_DELAY = 5000;
 
 // problem(status, name, detail, { extra, headers }): an RFC 9457 problem
 // detail; `name` is its type's slug, one of TITLES' keys.
@@ -283,6 +289,15 @@ class IdempotentRoute {
 		this.recover = recover ?? null;
 		this.onStoreError = onStoreError;
 		this.typeOf = problemTypeOf({ problemType, problemTypeBase });
+		// the stored answer of a key whose handler ran but whose response
+		// could not be stored: every retry gets it
+		this.notStored = {
+			status: 410,
+			headers: { 'content-type': PROBLEM_TYPE },
+			text: problemText(problem(410, 'response-not-stored',
+				'The request with this Idempotency-Key was processed, but its response could not be stored. ' +
+				'Do not retry it; a new request needs a new key.'), this.typeOf),
+		};
 		this.log = { ...client.log, ...(options.log ?? {}) };
 		this.checkpointState = checkpoint === true ? (req, key) => ({ idempotency_key: key })
 			: typeof checkpoint === 'function' ? checkpoint : null;
@@ -311,15 +326,6 @@ class IdempotentRoute {
 
 	sendProblem(res, p) {
 		sendProblem(res, p, { problemType: this.typeOf });
-	}
-
-	// the stored answer of a key whose handler ran but whose response could
-	// not be stored: every retry gets it
-	notStoredRecord() {
-		const p = problem(410, 'response-not-stored',
-			'The request with this Idempotency-Key was processed, but its response could not be stored. ' +
-			'Do not retry it; a new request needs a new key.');
-		return { status: 410, headers: { 'content-type': PROBLEM_TYPE }, text: problemText(p, this.typeOf) };
 	}
 
 	async handle(req, res, next) {
@@ -489,62 +495,95 @@ class Attempt {
 		return record;
 	}
 
-	// Store the record (and run the effect with it).  -> 'stored'; 'not
-	// stored' (the key is completed with the response-not-stored answer);
-	// 'lost' (IK412: another attempt holds the key); 'failed' (the effect
-	// failed: nothing happened, the claim is released); 'unstored' (nothing
-	// could be written: the claim is given up).
-	async save(record, effect) {
-		const { claim, log } = this;
-		const where = `idempotency-pg: ${claim.operation} ${JSON.stringify(claim.key)}`;
-		try {
-			await claim.finish(record, { effect });
-			this.route.measure(Number(process.hrtime.bigint() - this.started) / 1e9);
-			return 'stored';
-		} catch (err) {
-			if (err instanceof errors.LostClaimError) {
-				log.error(`${where}: the attempt lost its claim before storing its response:`, err.message);
-				return 'lost';
-			}
-			log.error(`${where}: the response was not stored:`, err.code ?? '', err.message);
-			if (!claim.pending) {
-				return 'unstored';
-			}
-		}
-		try {
-			await claim.finish(this.route.notStoredRecord(), { effect });
-			return 'not stored';
-		} catch (err) {
-			if (effect && claim.pending && errors.isServerError(err)) {
-				// the effect's statement itself fails: it did not happen
-				log.error(`${where}: the effect failed, the claim is released:`, err.code ?? '', err.message);
-				await claim.abort().catch((e) => log.error(`${where}: idem_abort failed:`, e.code ?? '', e.message));
-				return 'failed';
-			}
-			log.error(`${where}: not even the response-not-stored answer could be stored; the claim is given up:`,
-				err.code ?? '', err.message);
-			await this.keepPending(err);
-			claim.release({ close: true });
-			return 'unstored';
-		}
+	get where() {
+		return `idempotency-pg: ${this.claim.operation} ${JSON.stringify(this.claim.key)}`;
 	}
 
-	// The last resort when nothing can be stored: a checkpoint saying so,
-	// so that the next attempt gets 'recover' (and, without a recover
-	// handler, completes the key with the response-not-stored answer), not
-	// 'new'.  A route with checkpoints keeps its own: its recover handler
-	// decides.
-	async keepPending(err) {
-		const { claim, log } = this;
-		if (this.route.checkpointState || !claim.pending) {
-			return;
+	// Store the record (and run the effect with it) -> 'stored'; 'not
+	// stored' (the key is completed with the response-not-stored answer);
+	// 'lost' (IK412: another attempt holds the key); 'failed' (the effect
+	// failed: nothing happened, the claim is released); 'pending' (the
+	// database refused every write: keepPending); 'unstored' (the
+	// connection was lost for good: the claim lapses with it).
+	async save(record, effect) {
+		const { log, where } = this;
+		const { outcome, error } = await this.store(record, effect);
+		const report = (what) => log.error(`${where}: ${what}:`, error.code ?? '', error.message);
+		if (outcome === 'stored') {
+			this.route.measure(Number(process.hrtime.bigint() - this.started) / 1e9);
+		} else if (outcome === 'not stored' && error) {
+			report('the response was not stored, the key answers response-not-stored');
+		} else if (outcome === 'lost') {
+			report('the attempt lost its claim before storing its response');
+		} else if (outcome === 'unstored') {
+			report('the connection was lost before the response was stored; the claim lapses');
+		} else if (outcome === 'refused' && effect) {
+			// the effect's statement itself fails: it did not happen
+			report('the effect failed, the claim is released');
+			await this.claim.abort().catch((e) => log.error(`${where}: idem_abort failed:`, e.code ?? '', e.message));
+			return 'failed';
+		} else if (outcome === 'refused') {
+			report('the database refuses to store the response; the claim is kept, and the response stored in the background');
+			await this.keepPending(record, error);
+			return 'pending';
 		}
-		try {
-			await claim.checkpoint({ response_not_stored: { error: `${err.code ?? ''} ${err.message}`.trim().slice(0, 1000) } });
-		} catch (e) {
-			log.error(`idempotency-pg: ${claim.operation} ${JSON.stringify(claim.key)}: idem_checkpoint failed; ` +
-				'after its lease (or session) the key runs again:', e.code ?? '', e.message);
+		return outcome;
+	}
+
+	// One pass: the record, else the response-not-stored answer ->
+	// { outcome, error }: 'stored', 'not stored', 'lost', 'unstored' as
+	// save() says, or 'refused': the database answered an error to both
+	// (read-only, a trigger, out of disk ...) and the claim is still ours
+	// (Claim.finish keeps it after an error the server sent); `error` is the
+	// first (the record's) error, or the last.
+	async store(record, effect) {
+		const { claim } = this;
+		const { notStored } = this.route;
+		let error;
+		for (const answer of record === notStored ? [notStored] : [record, notStored]) {
+			try {
+				await claim.finish(answer, { effect });
+				return { outcome: answer === notStored ? 'not stored' : 'stored', error };
+			} catch (err) {
+				error ??= err;
+				if (err instanceof errors.LostClaimError) {
+					return { outcome: 'lost', error: err };
+				}
+				if (!claim.pending) {
+					return { outcome: 'unstored', error: err };
+				}
+			}
 		}
+		return { outcome: 'refused', error };
+	}
+
+	// The database refuses to store anything of the key, but answers: the
+	// claim stays pending, on its connection, and the response is stored in
+	// the background, tried again (then the response-not-stored answer) after
+	// a delay doubling from 100 ms to 5 s, until one is stored, the claim is
+	// lost (IK412) or its connection is.  Meanwhile duplicates wait for it or
+	// get 409, as for any running attempt.  A checkpoint saying so, where the
+	// database takes it, makes the next attempt after a takeover (this
+	// process died) get 'recover', not 'new' (a route with checkpoints keeps
+	// its own: its recover handler decides).
+	async keepPending(record, err) {
+		const { claim, log, where } = this;
+		if (!this.route.checkpointState) {
+			// refused too, most likely: the background store is the remedy
+			await claim.checkpoint({ response_not_stored: { error: `${err.code ?? ''} ${err.message}`.trim().slice(0, 1000) } })
+				.catch(() => {});
+		}
+		(async () => {
+			for (let delay = STORE_DELAY; ; delay = Math.min(2 * delay, MAX_STORE_DELAY)) {
+				await sleep(delay);
+				const { outcome, error } = await this.store(record);
+				if (outcome !== 'refused') {
+					log.error(`${where}: the store in the background ended: ${outcome === 'stored' ? 'the response is stored' : outcome}`,
+						...(outcome === 'stored' ? [] : [error.code ?? '', error.message]));
+					return;
+				}
+			}
+		})().catch((e) => log.error(`${where}: the store in the background failed:`, e));
 	}
 
 	// what the handler sent, once it ended the response
@@ -571,48 +610,59 @@ class Attempt {
 			res.end(bytes, cb);
 			return;
 		}
-		let outcome;
-		try {
-			outcome = await this.save(this.record(status, (name) => res.getHeader(name), bytes), undefined);
-		} catch (err) {
-			log.error('idempotency-pg:', err);
-			outcome = 'unstored';
-		}
+		const outcome = await this.save(this.record(status, (name) => res.getHeader(name), bytes), undefined);
 		this.restore();
 		if (outcome === 'stored' || outcome === 'not stored') {
 			res.end(bytes, cb);
 		} else {
-			this.route.sendProblem(res, this.notStoredProblem());
+			this.route.sendProblem(res, this.failure(outcome));
 			cb?.();
 		}
 	}
 
-	notStoredProblem() {
-		return problem(500, 'response-not-stored', 'The request was processed, but its response could not be stored. ' +
-			'Retry with the same key.');
+	// the 500 for save()'s outcome when the response is not sent
+	failure(outcome) {
+		if (outcome === 'failed') {
+			return problem(500, 'internal-error', 'The server could not complete the request.');
+		}
+		return problem(500, 'response-not-stored', {
+			'not stored': 'The request was processed, but its response could not be encoded to be stored or sent. ' +
+				'It will not run again: a retry with the same key gets 410.',
+			pending: 'The request was processed, but its response is not stored yet. A retry with the same key gets it.',
+			lost: 'This attempt lost its claim on the Idempotency-Key before it could store its response. Retry with the same key.',
+			unstored: 'The request was processed, but its response could not be stored. Retry with the same key.',
+		}[outcome]);
 	}
 
 	// req.idempotency.respond(response, { effect }): store the response (and
 	// run the effect in the same statement), then send it.  -> the stored
-	// record, or null when it could not be stored (then 500 or, when the
-	// effect failed, 500 internal-error is sent).
+	// record, or null when it could not be stored (then the handler's
+	// response is sent, or a 500 when it cannot be: a body JSON.stringify
+	// refuses, or nothing stored at all, or the effect failed).
 	async respond(response, { effect } = {}) {
 		if (this.done) {
 			throw new Error('idempotency-pg: the response was sent already');
 		}
 		this.done = true;
+		let record = null;
+		try {
+			const headers = Object.fromEntries(Object.entries(response.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]));
+			const text = typeof response.text === 'string' ? response.text
+				: response.body === undefined ? '' : JSON.stringify(response.body);
+			record = this.record(response.status ?? 200, (name) => headers[name], Buffer.from(text, 'utf8'));
+		} catch (err) {
+			// a body JSON.stringify refuses (a BigInt, a cycle): it can be
+			// neither stored nor sent; the key is completed with the
+			// response-not-stored answer (and the effect runs with it)
+			this.log.error(`${this.where}: the response cannot be encoded:`, err.message);
+		}
+		const outcome = await this.save(record ?? this.route.notStored, effect);
 		this.restore();
-		const headers = Object.fromEntries(Object.entries(response.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]));
-		const text = typeof response.text === 'string' ? response.text
-			: response.body === undefined ? '' : JSON.stringify(response.body);
-		const record = this.record(response.status ?? 200, (name) => headers[name], Buffer.from(text, 'utf8'));
-		const outcome = await this.save(record, effect);
-		if (outcome === 'stored' || outcome === 'not stored') {
+		if (record !== null && (outcome === 'stored' || outcome === 'not stored')) {
 			sendStored(this.res, record, false);
 			return outcome === 'stored' ? record : null;
 		}
-		this.route.sendProblem(this.res, outcome === 'failed'
-			? problem(500, 'internal-error', 'The server could not complete the request.') : this.notStoredProblem());
+		this.route.sendProblem(this.res, this.failure(outcome));
 		return null;
 	}
 
@@ -620,12 +670,11 @@ class Attempt {
 	// code wrote): complete the key with the response-not-stored answer
 	async terminal() {
 		this.done = true;
-		const record = this.route.notStoredRecord();
-		const outcome = await this.save(record, undefined);
-		if (outcome === 'stored' || outcome === 'not stored') {
-			return sendStored(this.res, record, false);
+		const outcome = await this.save(this.route.notStored);
+		if (outcome === 'not stored') {
+			return sendStored(this.res, this.route.notStored, false);
 		}
-		return this.route.sendProblem(this.res, this.notStoredProblem());
+		return this.route.sendProblem(this.res, this.failure(outcome));
 	}
 }
 
