@@ -13,6 +13,7 @@
 // the key is completed with the response-not-stored answer instead.
 
 const { setTimeout: sleep } = require('node:timers/promises');
+const { isDeepStrictEqual } = require('node:util');
 
 const { parseIdempotencyKey } = require('./key');
 const { fingerprint: computeFingerprint } = require('./fingerprint');
@@ -37,6 +38,10 @@ const PROBLEM_TYPE = 'application/problem+json; charset=utf-8';
 const PARTS = new Set(['body', 'params', 'query', 'headers']);
 // "try again later" statuses: not stored, as server errors are not
 const NOT_STORED = new Set([408, 425, 429]);
+// statuses whose responses have no body, and no Content-Length
+const BODILESS = new Set([204, 304]);
+// headers stored with every response, whatever replayHeaders says
+const BODY_HEADERS = ['content-type'];
 
 const defaultStore = (status) => status < 500 && !NOT_STORED.has(status);
 // a response the database refuses to store is tried again after these
@@ -106,24 +111,32 @@ function storedBytes(stored) {
 	return Buffer.alloc(0);
 }
 
+// End res with status, headers -- name -> a value, or an array of values,
+// each sent as a header line of its own -- and the body; Content-Length is
+// the body's (none on a 204 or 304, which have no body).
+function endResponse(res, status, headers, bytes, cb) {
+	for (const [name, value] of Object.entries(headers)) {
+		res.setHeader(name, value);
+	}
+	res.statusCode = status;
+	if (!BODILESS.has(status)) {
+		res.setHeader('Content-Length', bytes.length);
+	}
+	res.end(bytes, cb);
+}
+
 // sendStored(res, stored, replayed): a stored response, with
 // Idempotent-Replayed: true on a replay.
 function sendStored(res, stored, replayed) {
 	res.removeHeader('content-length');
 	const headers = stored.headers ?? {};
-	for (const [name, value] of Object.entries(headers)) {
-		res.setHeader(name, value);
-	}
 	if (!Object.keys(headers).some((h) => h.toLowerCase() === 'content-type')) {
 		res.setHeader('Content-Type', JSON_TYPE);
 	}
 	if (replayed) {
 		res.setHeader('Idempotent-Replayed', 'true');
 	}
-	const bytes = storedBytes(stored);
-	res.statusCode = stored.status ?? 200;
-	res.setHeader('Content-Length', bytes.length);
-	res.end(bytes);
+	endResponse(res, stored.status ?? 200, headers, storedBytes(stored));
 }
 
 // problemFor(err, { retryAfter }) -> the problem an API answers for an
@@ -284,7 +297,7 @@ class IdempotentRoute {
 		this.client = client;
 		this.operation = operation;
 		this.fingerprint = fingerprinter(fingerprint);
-		this.keep = replayHeaders.map((h) => h.toLowerCase());
+		this.keep = [...new Set([...replayHeaders.map((h) => h.toLowerCase()), ...BODY_HEADERS])];
 		this.store = store;
 		this.recover = recover ?? null;
 		this.onStoreError = onStoreError;
@@ -385,6 +398,8 @@ class Attempt {
 		this.res = res;
 		this.claim = claim;
 		this.chunks = [];
+		// the head at the handler's first write (Node would send it then)
+		this.written = null;
 		this.done = false;
 		this.started = process.hrtime.bigint();
 		this.saved = {};
@@ -394,7 +409,10 @@ class Attempt {
 		return this.route.log;
 	}
 
-	// Hold back whatever the handler sends until it is stored.
+	// Hold back whatever the handler sends until it is stored.  Its status,
+	// message and headers are taken when it ends the response (the head),
+	// and sent so, whatever changes them later: an error of the handler after
+	// its answer does not alter it, as in express once headers were sent.
 	capture() {
 		const { res, claim } = this;
 		for (const name of CAPTURED) {
@@ -422,7 +440,10 @@ class Attempt {
 			if (typeof encoding === 'function') {
 				[cb, encoding] = [encoding, undefined];
 			}
-			this.push(chunk, encoding);
+			if (!this.done) {
+				this.written ??= this.head();
+				this.push(chunk, encoding);
+			}
 			if (cb) {
 				process.nextTick(cb);
 			}
@@ -434,8 +455,20 @@ class Attempt {
 			} else if (typeof encoding === 'function') {
 				[cb, encoding] = [encoding, undefined];
 			}
+			if (this.done) {
+				return res;	// an error handler's, after the handler's answer
+			}
+			this.done = true;
+			const head = this.head();
+			if (this.written && !isDeepStrictEqual(head, this.written)) {
+				// the head changed after a write, which Node refuses once the
+				// head is sent: an error handler answered a handler that failed
+				// midway.  Nothing was sent yet: its answer replaces the partial
+				// one, rather than following it in a malformed message.
+				this.chunks = [];
+			}
 			this.push(chunk, encoding);
-			this.complete(cb).catch((err) => this.log.error('idempotency-pg:', err));
+			this.complete(head, Buffer.concat(this.chunks), cb).catch((err) => this.log.error('idempotency-pg:', err));
 			return res;
 		};
 		res.flushHeaders = () => {};
@@ -457,6 +490,23 @@ class Attempt {
 		};
 	}
 
+	// what Node would send as the response's head now
+	head() {
+		const { res } = this;
+		return { status: res.statusCode, message: res.statusMessage, headers: res.getHeaders() };
+	}
+
+	// The response as the handler ended it, through the real res.end.
+	send({ status, message, headers }, bytes, cb) {
+		const { res } = this;
+		this.restore();
+		for (const name of res.getHeaderNames()) {
+			res.removeHeader(name);
+		}
+		res.statusMessage = message;
+		endResponse(res, status, headers, bytes, cb);
+	}
+
 	restore() {
 		for (const name of CAPTURED) {
 			if (this.saved[name]) {
@@ -475,13 +525,12 @@ class Attempt {
 			: Buffer.from(chunk));
 	}
 
-	// the record of a response: the allow-listed headers (lower case), the
-	// content type, and the body as sent (text, or base64 when it is not
-	// UTF-8 text jsonb can hold)
-	record(status, headers, bytes) {
+	// the record of a response: the kept headers (lower case), and the body
+	// as sent (text, or base64 when it is not UTF-8 text jsonb can hold)
+	record({ status, headers }, bytes) {
 		const record = { status, headers: {} };
-		for (const name of [...this.route.keep, 'content-type']) {
-			const value = headers(name);
+		for (const name of this.route.keep) {
+			const value = headers[name];
 			if (value !== undefined && value !== null) {
 				record.headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
 			}
@@ -586,38 +635,28 @@ class Attempt {
 		})().catch((e) => log.error(`${where}: the store in the background failed:`, e));
 	}
 
-	// what the handler sent, once it ended the response
-	async complete(cb) {
-		if (this.done) {
-			return;
-		}
-		this.done = true;
-		const { res, claim, log } = this;
-		const status = res.statusCode;
-		const bytes = Buffer.concat(this.chunks);
+	// what the handler sent, once it ended the response: its head and body
+	async complete(head, bytes, cb) {
+		const { claim, log } = this;
 		let keep;
 		try {
-			keep = this.route.store(status);
+			keep = this.route.store(head.status);
 		} catch (err) {
 			log.error('idempotency-pg: the store option failed:', err);
 			keep = false;
 		}
 		if (!keep) {
 			// errors are not cached: release the key before the client can retry
-			await claim.abort().catch((err) => log.error(`idempotency-pg: idem_abort failed for ${JSON.stringify(claim.key)}:`,
-				err.code ?? '', err.message));
-			this.restore();
-			res.end(bytes, cb);
-			return;
+			await claim.abort().catch((err) => log.error(`${this.where}: idem_abort failed:`, err.code ?? '', err.message));
+			return this.send(head, bytes, cb);
 		}
-		const outcome = await this.save(this.record(status, (name) => res.getHeader(name), bytes), undefined);
-		this.restore();
+		const outcome = await this.save(this.record(head, bytes));
 		if (outcome === 'stored' || outcome === 'not stored') {
-			res.end(bytes, cb);
-		} else {
-			this.route.sendProblem(res, this.failure(outcome));
-			cb?.();
+			return this.send(head, bytes, cb);
 		}
+		this.restore();
+		this.route.sendProblem(this.res, this.failure(outcome));
+		return cb?.();
 	}
 
 	// the 500 for save()'s outcome when the response is not sent
@@ -649,7 +688,7 @@ class Attempt {
 			const headers = Object.fromEntries(Object.entries(response.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]));
 			const text = typeof response.text === 'string' ? response.text
 				: response.body === undefined ? '' : JSON.stringify(response.body);
-			record = this.record(response.status ?? 200, (name) => headers[name], Buffer.from(text, 'utf8'));
+			record = this.record({ status: response.status ?? 200, headers }, Buffer.from(text, 'utf8'));
 		} catch (err) {
 			// a body JSON.stringify refuses (a BigInt, a cycle): it can be
 			// neither stored nor sent; the key is completed with the

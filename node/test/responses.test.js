@@ -1,0 +1,126 @@
+'use strict';
+// What the middleware holds back, stores and replays of the responses a
+// handler sends: headers given to writeHead as arrays, a header sent more
+// than once, a response without a Content-Type, one a compression after
+// the middleware encoded, and a handler that fails after (or while) it
+// answers, with express's own error handler.  Real HTTP on 127.0.0.1 (raw
+// header lines) and a real server.
+
+const assert = require('node:assert/strict');
+const http = require('node:http');
+const { after, before, test } = require('node:test');
+const { randomUUID } = require('node:crypto');
+
+const express = require('express');
+
+const { IdempotencyClient } = require('..');
+const { scratchDatabase } = require('./db');
+
+let s;
+let server;
+let idem;
+const runs = new Map();	// key -> how many times a handler ran
+const newKey = (label) => `${label}-${randomUUID()}`;
+
+const ROUTES = {
+	// the handler answers, then fails: express 5 hands the error to its
+	// error handler, while the middleware stores the answer
+	'json-then-throw': async (req, res) => {
+		res.status(201).json({ id: 'ch_1' });
+		throw new Error('audit log failed');
+	},
+	'end-then-next': (req, res, next) => {
+		res.status(201).type('text');
+		res.write('ans');
+		res.end('wered');
+		next(new Error('audit log failed'));
+	},
+	// fails midway: a partial body, then express's error page
+	'write-then-throw': (req, res) => {
+		res.type('text');
+		res.write('partial-');
+		throw new Error('the handler failed');
+	},
+};
+
+before(async () => {
+	s = await scratchDatabase('responses');
+	idem = new IdempotencyClient(s.pool(), { log: { debug() {}, error() {} } });
+	const app = express();
+	app.set('env', 'test');	// express's error handler does not log
+	for (const [name, handler] of Object.entries(ROUTES)) {
+		app.post(`/${name}`, idem.middleware({ operation: `responses.${name}`, replayHeaders: ['Location', 'Set-Cookie', 'Link'] }),
+			(req, res, next) => {
+				runs.set(req.idempotency.key, (runs.get(req.idempotency.key) ?? 0) + 1);
+				return handler(req, res, next);
+			});
+	}
+	await new Promise((resolve) => { server = app.listen(0, '127.0.0.1', resolve); });
+});
+
+after(async () => {
+	await new Promise((resolve) => server?.close(resolve) ?? resolve());
+	await s?.drop();
+});
+
+// POST to the route with the key -> { status, lines (the header lines,
+// [name lower case, value]), header(name) (the values), body (bytes) };
+// rejects on a malformed message
+function post(route, key) {
+	return new Promise((resolve, reject) => {
+		const req = http.request({
+			host: '127.0.0.1', port: server.address().port, method: 'POST', path: `/${route}`, agent: false,
+			headers: { 'Idempotency-Key': key, 'Content-Length': 0 },
+		}, (res) => {
+			const chunks = [];
+			res.on('data', (chunk) => chunks.push(chunk));
+			res.on('error', reject);
+			res.on('end', () => {
+				const lines = [];
+				for (let i = 0; i < res.rawHeaders.length; i += 2) {
+					lines.push([res.rawHeaders[i].toLowerCase(), res.rawHeaders[i + 1]]);
+				}
+				const header = (name) => lines.filter(([n]) => n === name).map(([, v]) => v);
+				resolve({ status: res.statusCode, lines, header, body: Buffer.concat(chunks) });
+			});
+		});
+		req.on('error', reject);
+		req.end();
+	});
+}
+
+// the first answer and the replay of route with a new key
+async function twice(route) {
+	const key = newKey(route);
+	const first = await post(route, key);
+	const replay = await post(route, key);
+	return { key, first, replay };
+}
+
+test('a handler that fails after its answer: the answer is sent as it was ended, stored, replayed; one run', async () => {
+	for (const [route, type, text] of [['json-then-throw', 'application/json; charset=utf-8', '{"id":"ch_1"}'],
+		['end-then-next', 'text/plain; charset=utf-8', 'answered']]) {
+		const { key, first, replay } = await twice(route);
+		for (const r of [first, replay]) {
+			assert.equal(r.status, 201, route);
+			assert.deepEqual(r.header('content-type'), [type], route);
+			assert.deepEqual(r.header('content-length'), [String(Buffer.byteLength(text))], route);
+			assert.equal(r.body.toString(), text, route);
+		}
+		assert.deepEqual(first.header('content-security-policy'), [], 'nothing of the error page');
+		assert.deepEqual(replay.header('idempotent-replayed'), ['true']);
+		assert.equal(runs.get(key), 1);
+	}
+});
+
+test('a handler that fails after a partial write: express\'s error page alone, well formed, not stored', async () => {
+	const { key, first, replay } = await twice('write-then-throw');
+	for (const r of [first, replay]) {
+		assert.equal(r.status, 500);
+		assert.deepEqual(r.header('content-type'), ['text/html; charset=utf-8']);
+		assert.deepEqual(r.header('content-length'), [String(r.body.length)]);
+		assert.match(r.body.toString(), /^<!DOCTYPE html>/, 'the partial body is not sent');
+	}
+	assert.deepEqual(replay.header('idempotent-replayed'), [], 'errors are not cached');
+	assert.equal(runs.get(key), 2);
+});
