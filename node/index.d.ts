@@ -47,7 +47,8 @@ export interface Effect {
 /** A response to store and send: the body as JSON (`body`), or as it is sent (`text`). */
 export interface StoredResponse {
   status: number;
-  headers?: Record<string, string>;
+  /** Lower-case names; a header sent more than once as an array of its values. */
+  headers?: Record<string, string | string[]>;
   body?: Json;
   text?: string;
   /** A body that is not UTF-8 text, in base64 (what the middleware stores for one). */

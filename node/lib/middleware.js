@@ -390,6 +390,22 @@ class IdempotentRoute {
 
 const CAPTURED = ['writeHead', 'write', 'end', 'flushHeaders'];
 
+// writeHead's headers as [name, value] pairs: an object, an array of
+// pairs, or a flat array [name, value, name, value, ...]
+function headerPairs(headers) {
+	if (!Array.isArray(headers)) {
+		return Object.entries(headers ?? {});
+	}
+	if (Array.isArray(headers[0])) {
+		return headers;
+	}
+	const pairs = [];
+	for (let i = 0; i + 1 < headers.length; i += 2) {
+		pairs.push([headers[i], headers[i + 1]]);
+	}
+	return pairs;
+}
+
 // One request that holds the key.
 class Attempt {
 	constructor(route, req, res, claim) {
@@ -425,14 +441,15 @@ class Attempt {
 				res.statusMessage = reason;
 			}
 			res.statusCode = statusCode;
-			if (Array.isArray(headers)) {
-				for (let i = 0; i + 1 < headers.length; i += 2) {
-					res.setHeader(headers[i], headers[i + 1]);
-				}
-			} else if (headers) {
-				for (const [name, value] of Object.entries(headers)) {
-					res.setHeader(name, value);
-				}
+			// as Node's: an array's names replace the values set before, and a
+			// name repeated in it adds a value
+			const pairs = headerPairs(headers);
+			for (const [name] of pairs) {
+				res.removeHeader(name);
+			}
+			for (const [name, value] of pairs) {
+				const before = res.getHeader(name);
+				res.setHeader(name, before === undefined ? value : [].concat(before, value));
 			}
 			return res;
 		};
@@ -525,14 +542,17 @@ class Attempt {
 			: Buffer.from(chunk));
 	}
 
-	// the record of a response: the kept headers (lower case), and the body
-	// as sent (text, or base64 when it is not UTF-8 text jsonb can hold)
+	// the record of a response: the kept headers (lower case; one sent more
+	// than once as an array of its values), and the body as sent (text, or
+	// base64 when it is not UTF-8 text jsonb can hold)
 	record({ status, headers }, bytes) {
 		const record = { status, headers: {} };
 		for (const name of this.route.keep) {
 			const value = headers[name];
-			if (value !== undefined && value !== null) {
-				record.headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
+			if (Array.isArray(value) && value.length !== 1) {
+				record.headers[name] = value.map(String);
+			} else if (value !== undefined && value !== null) {
+				record.headers[name] = String(value);
 			}
 		}
 		const text = bytes.toString('utf8');

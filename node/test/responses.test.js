@@ -23,6 +23,20 @@ const runs = new Map();	// key -> how many times a handler ran
 const newKey = (label) => `${label}-${randomUUID()}`;
 
 const ROUTES = {
+	// writeHead with a flat array naming Set-Cookie twice, and with pairs
+	flat: (req, res) => {
+		res.writeHead(201, ['Set-Cookie', 'a=1', 'Set-Cookie', 'b=2', 'Content-Type', 'text/plain']);
+		res.end('flat');
+	},
+	pairs: (req, res) => {
+		res.writeHead(201, [['Content-Type', 'text/plain'], ['Location', '/c/1'], ['Set-Cookie', 'a=1'], ['Set-Cookie', 'b=2']]);
+		res.end('pairs');
+	},
+	// cookies whose values hold ", " (Expires), and one Link
+	cookies: (req, res) => {
+		res.cookie('a', '1', { expires: new Date(0) }).cookie('b', '2').set('Link', '</next>; rel="next"');
+		res.status(201).send('cookies');
+	},
 	// the handler answers, then fails: express 5 hands the error to its
 	// error handler, while the middleware stores the answer
 	'json-then-throw': async (req, res) => {
@@ -96,6 +110,36 @@ async function twice(route) {
 	const replay = await post(route, key);
 	return { key, first, replay };
 }
+
+async function storedHeaders(route, key) {
+	const { rows } = await s.db.query('SELECT response FROM idem_inspect($1, $2)', [`responses.${route}`, key]);
+	return rows[0].response.headers;
+}
+
+test('writeHead with a flat array naming a header twice keeps both values, as Node does; an array of pairs works', async () => {
+	for (const route of ['flat', 'pairs']) {
+		const { first, replay } = await twice(route);
+		for (const r of [first, replay]) {
+			assert.equal(r.status, 201, route);
+			assert.deepEqual(r.header('set-cookie'), ['a=1', 'b=2'], route);
+			assert.deepEqual(r.header('content-type'), ['text/plain'], route);
+			assert.equal(r.body.toString(), route);
+		}
+		assert.deepEqual(replay.header('idempotent-replayed'), ['true']);
+	}
+	assert.deepEqual((await twice('pairs')).replay.header('location'), ['/c/1']);
+});
+
+test('a header sent more than once is stored as an array of its values and replayed as a line each', async () => {
+	const { key, first, replay } = await twice('cookies');
+	const cookies = ['a=1; Path=/; Expires=Thu, 01 Jan 1970 00:00:00 GMT', 'b=2; Path=/'];
+	assert.deepEqual(first.header('set-cookie'), cookies);
+	assert.deepEqual(replay.header('set-cookie'), cookies);
+	assert.deepEqual(replay.header('link'), ['</next>; rel="next"']);
+	const stored = await storedHeaders('cookies', key);
+	assert.deepEqual(stored['set-cookie'], cookies);
+	assert.equal(stored.link, '</next>; rel="next"', 'a header sent once stays a string');
+});
 
 test('a handler that fails after its answer: the answer is sent as it was ended, stored, replayed; one run', async () => {
 	for (const [route, type, text] of [['json-then-throw', 'application/json; charset=utf-8', '{"id":"ch_1"}'],
