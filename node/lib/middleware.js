@@ -95,20 +95,21 @@ function sendProblem(res, p, options = {}) {
 	res.end(text);
 }
 
-// The body of a stored response { status, headers, text | base64 | body }:
-// `text` is the body as it was sent, `base64` one that is not UTF-8 text,
-// `body` a JSON value (a record an application wrote itself).
-function storedBytes(stored) {
+// The body of a stored response { status, headers, text | base64 | body }
+// -> { bytes, type }: `text` is the body as it was sent, `base64` one that
+// is not UTF-8 text, `body` a JSON value (a record an application wrote
+// itself), whose type is JSON unless the record names another.
+function storedBody(stored) {
 	if (typeof stored.text === 'string') {
-		return Buffer.from(stored.text, 'utf8');
+		return { bytes: Buffer.from(stored.text, 'utf8') };
 	}
 	if (typeof stored.base64 === 'string') {
-		return Buffer.from(stored.base64, 'base64');
+		return { bytes: Buffer.from(stored.base64, 'base64') };
 	}
 	if (stored.body !== undefined) {
-		return Buffer.from(JSON.stringify(stored.body), 'utf8');
+		return { bytes: Buffer.from(JSON.stringify(stored.body), 'utf8'), type: JSON_TYPE };
 	}
-	return Buffer.alloc(0);
+	return { bytes: Buffer.alloc(0) };
 }
 
 // End res with status, headers -- name -> a value, or an array of values,
@@ -125,18 +126,18 @@ function endResponse(res, status, headers, bytes, cb) {
 	res.end(bytes, cb);
 }
 
-// sendStored(res, stored, replayed): a stored response, with
-// Idempotent-Replayed: true on a replay.
+// sendStored(res, stored, replayed): a stored response, its headers
+// exactly, with Idempotent-Replayed: true on a replay.
 function sendStored(res, stored, replayed) {
 	res.removeHeader('content-length');
-	const headers = stored.headers ?? {};
-	if (!Object.keys(headers).some((h) => h.toLowerCase() === 'content-type')) {
-		res.setHeader('Content-Type', JSON_TYPE);
+	const { bytes, type } = storedBody(stored);
+	if (type) {
+		res.setHeader('Content-Type', type);	// unless the stored headers name another
 	}
 	if (replayed) {
 		res.setHeader('Idempotent-Replayed', 'true');
 	}
-	endResponse(res, stored.status ?? 200, headers, storedBytes(stored));
+	endResponse(res, stored.status ?? 200, stored.headers ?? {}, bytes);
 }
 
 // problemFor(err, { retryAfter }) -> the problem an API answers for an
@@ -705,9 +706,13 @@ class Attempt {
 		this.done = true;
 		let record = null;
 		try {
-			const headers = Object.fromEntries(Object.entries(response.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]));
-			const text = typeof response.text === 'string' ? response.text
-				: response.body === undefined ? '' : JSON.stringify(response.body);
+			// a JSON body is application/json unless the headers say otherwise
+			const json = typeof response.text !== 'string' && response.body !== undefined;
+			const headers = json ? { 'content-type': JSON_TYPE } : {};
+			for (const [name, value] of Object.entries(response.headers ?? {})) {
+				headers[name.toLowerCase()] = value;
+			}
+			const text = json ? JSON.stringify(response.body) : response.text ?? '';
 			record = this.record({ status: response.status ?? 200, headers }, Buffer.from(text, 'utf8'));
 		} catch (err) {
 			// a body JSON.stringify refuses (a BigInt, a cycle): it can be

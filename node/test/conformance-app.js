@@ -57,6 +57,9 @@ async function createApp(s) {
 			throw new Error('the handler failed');
 		} else if (b.answer === 'large') {
 			body = { id: `ch_${key}`, padding: 'x'.repeat(70000) };
+		} else if (b.answer === 'empty') {
+			res.status(204).end();
+			return;
 		}
 		const text = JSON.stringify(body);
 		if (b.style === 'writeHead') {

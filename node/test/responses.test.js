@@ -37,6 +37,16 @@ const ROUTES = {
 		res.cookie('a', '1', { expires: new Date(0) }).cookie('b', '2').set('Link', '</next>; rel="next"');
 		res.status(201).send('cookies');
 	},
+	// no Content-Type: writeHead + end, write + end
+	untyped: (req, res) => {
+		res.writeHead(201);
+		res.end('untyped');
+	},
+	written: (req, res) => {
+		res.statusCode = 201;
+		res.write('writ');
+		res.end('ten');
+	},
 	// the handler answers, then fails: express 5 hands the error to its
 	// error handler, while the middleware stores the answer
 	'json-then-throw': async (req, res) => {
@@ -139,6 +149,17 @@ test('a header sent more than once is stored as an array of its values and repla
 	const stored = await storedHeaders('cookies', key);
 	assert.deepEqual(stored['set-cookie'], cookies);
 	assert.equal(stored.link, '</next>; rel="next"', 'a header sent once stays a string');
+});
+
+test('a response without a Content-Type is replayed without one', async () => {
+	for (const route of ['untyped', 'written']) {
+		const { first, replay } = await twice(route);
+		for (const r of [first, replay]) {
+			assert.equal(r.status, 201, route);
+			assert.deepEqual(r.header('content-type'), [], route);
+			assert.equal(r.body.toString(), route);
+		}
+	}
 });
 
 test('a handler that fails after its answer: the answer is sent as it was ended, stored, replayed; one run', async () => {
