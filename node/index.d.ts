@@ -97,7 +97,7 @@ export interface MiddlewareOptions extends Omit<BeginOptions, 'checkpoint'> {
   checkpoint?: boolean | ((req: any, key: string) => Json);
   /** The handler for a takeover with a checkpoint (req.idempotency.status 'recover'). */
   recover?: Handler;
-  /** Response headers stored and replayed, besides the content type (default ['Location', 'ETag']). */
+  /** Response headers stored and replayed, besides Content-Type, Content-Encoding and Vary (default ['Location', 'ETag']). */
   replayHeaders?: string[];
   /** The name before 1.6 of replayHeaders. */
   headers?: string[];

@@ -40,8 +40,10 @@ const PARTS = new Set(['body', 'params', 'query', 'headers']);
 const NOT_STORED = new Set([408, 425, 429]);
 // statuses whose responses have no body, and no Content-Length
 const BODILESS = new Set([204, 304]);
-// headers stored with every response, whatever replayHeaders says
-const BODY_HEADERS = ['content-type'];
+// headers stored with every response, whatever replayHeaders says: what
+// the stored bytes are (a compression after the middleware sets the
+// encoding), and what they were chosen by
+const BODY_HEADERS = ['content-type', 'content-encoding', 'vary'];
 
 const defaultStore = (status) => status < 500 && !NOT_STORED.has(status);
 // a response the database refuses to store is tried again after these
@@ -83,7 +85,7 @@ function problemText(p, typeOf) {
 // sendProblem(res, p, { problemType, problemTypeBase })
 function sendProblem(res, p, options = {}) {
 	const text = problemText(p, problemTypeOf(options));
-	for (const h of ['content-length', 'etag', 'location']) {
+	for (const h of ['content-length', 'content-encoding', 'etag', 'location']) {
 		res.removeHeader(h);
 	}
 	for (const [name, value] of Object.entries(p.headers)) {

@@ -8,6 +8,7 @@
 
 const assert = require('node:assert/strict');
 const http = require('node:http');
+const zlib = require('node:zlib');
 const { after, before, test } = require('node:test');
 const { randomUUID } = require('node:crypto');
 
@@ -46,6 +47,10 @@ const ROUTES = {
 		res.statusCode = 201;
 		res.write('writ');
 		res.end('ten');
+	},
+	// as a compression placed after the middleware sends it
+	gzip: (req, res) => {
+		res.set('Content-Encoding', 'gzip').set('Vary', 'Accept-Encoding').type('text').status(201).send(zlib.gzipSync('compressed'));
 	},
 	// the handler answers, then fails: express 5 hands the error to its
 	// error handler, while the middleware stores the answer
@@ -159,6 +164,15 @@ test('a response without a Content-Type is replayed without one', async () => {
 			assert.deepEqual(r.header('content-type'), [], route);
 			assert.equal(r.body.toString(), route);
 		}
+	}
+});
+
+test('Content-Encoding and Vary are stored always: a body a compression after the middleware encoded is replayed decodable', async () => {
+	const { first, replay } = await twice('gzip');
+	for (const r of [first, replay]) {
+		assert.deepEqual(r.header('content-encoding'), ['gzip']);
+		assert.deepEqual(r.header('vary'), ['Accept-Encoding']);
+		assert.equal(zlib.gunzipSync(r.body).toString(), 'compressed');
 	}
 });
 
