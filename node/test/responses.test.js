@@ -70,6 +70,10 @@ const ROUTES = {
 		res.write('partial-');
 		throw new Error('the handler failed');
 	},
+	// an error with a 4xx status, answered by express's error handler
+	declined: () => {
+		throw Object.assign(new Error('card declined'), { status: 402, expose: true });
+	},
 };
 
 before(async () => {
@@ -202,4 +206,14 @@ test('a handler that fails after a partial write: express\'s error page alone, w
 	}
 	assert.deepEqual(replay.header('idempotent-replayed'), [], 'errors are not cached');
 	assert.equal(runs.get(key), 2);
+});
+
+test('an error with a 4xx status answered by express\'s error handler is stored and replayed, as a 4xx the handler sends', async () => {
+	const { key, first, replay } = await twice('declined');
+	assert.equal(first.status, 402);
+	assert.equal(replay.status, 402);
+	assert.deepEqual(replay.header('idempotent-replayed'), ['true']);
+	assert.equal(replay.body.toString(), first.body.toString());
+	assert.match(first.body.toString(), /card declined/);
+	assert.equal(runs.get(key), 1);
 });
