@@ -10,7 +10,9 @@
 // alike, so that nothing leaves before it is stored -- then stores it with
 // idem_finish and sends it, or releases the claim (errors are not cached).
 // Once the handler has run, a failure to store never leads to a second run:
-// the key is completed with the response-not-stored answer instead.
+// the key is completed with the response-not-stored answer instead, or,
+// while the database refuses every write of it, the claim is kept and the
+// response stored in the background.
 
 const { setTimeout: sleep } = require('node:timers/promises');
 const { isDeepStrictEqual } = require('node:util');
@@ -650,8 +652,12 @@ class Attempt {
 				await sleep(delay);
 				const { outcome, error } = await this.store(record);
 				if (outcome !== 'refused') {
-					log.error(`${where}: the store in the background ended: ${outcome === 'stored' ? 'the response is stored' : outcome}`,
-						...(outcome === 'stored' ? [] : [error.code ?? '', error.message]));
+					log.error(`${where}: the store in the background ended: ${{
+						stored: 'the response is stored',
+						'not stored': 'the response-not-stored answer is stored',
+						lost: 'the attempt lost its claim (IK412)',
+						unstored: 'the connection was lost; the claim lapses',
+					}[outcome]}`, ...(error ? [error.code ?? '', error.message] : []));
 					return;
 				}
 			}
