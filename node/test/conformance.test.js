@@ -236,7 +236,7 @@ async function ownServer() {
 // conformance-app.js in a process of its own, for the server and database
 // of ctx; resolves once it listens
 function startApp(ctx) {
-	const child = spawn(process.execPath, [path.join(__dirname, 'conformance-app.js')], {
+	const child = spawn(process.execPath, [path.join(__dirname, 'conformance-app.js'), '--listen'], {
 		env: { ...process.env, PGHOST: ctx.connection.host, PGPORT: String(ctx.connection.port), PGDATABASE: ctx.dbname },
 		stdio: ['ignore', 'pipe', 'inherit'],
 	});
