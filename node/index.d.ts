@@ -47,7 +47,8 @@ export interface Effect {
 /** A response to store and send: the body as JSON (`body`), or as it is sent (`text`). */
 export interface StoredResponse {
   status: number;
-  headers?: Record<string, string>;
+  /** Lower-case names; a header sent more than once as an array of its values. */
+  headers?: Record<string, string | string[]>;
   body?: Json;
   text?: string;
   /** A body that is not UTF-8 text, in base64 (what the middleware stores for one). */
@@ -96,7 +97,7 @@ export interface MiddlewareOptions extends Omit<BeginOptions, 'checkpoint'> {
   checkpoint?: boolean | ((req: any, key: string) => Json);
   /** The handler for a takeover with a checkpoint (req.idempotency.status 'recover'). */
   recover?: Handler;
-  /** Response headers stored and replayed, besides the content type (default ['Location', 'ETag']). */
+  /** Response headers stored and replayed, besides Content-Type, Content-Encoding and Vary (default ['Location', 'ETag']). */
   replayHeaders?: string[];
   /** The name before 1.6 of replayHeaders. */
   headers?: string[];
@@ -146,7 +147,7 @@ declare global {
 export type Middleware = (req: IncomingMessage & any, res: ServerResponse & any, next: (err?: unknown) => void) => void;
 
 export class IdempotencyClient {
-  constructor(pool: Pool, options?: ClientOptions & { tokens?: 'string' });
+  constructor(pool: Pool, options?: ClientOptions);
   readonly pool: Pool;
   begin(operation: string, key: string, fingerprint: Buffer | FingerprintValue[] | null, options?: BeginOptions): Promise<Claim>;
   inspect(operation: string, key: string): Promise<InspectRow | null>;

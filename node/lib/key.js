@@ -48,8 +48,8 @@ function parseIdempotencyKey(headerValue) {
 			missing: value === '',
 			reason: value === ''
 				? 'The Idempotency-Key header is empty.'
-				: 'The Idempotency-Key header must be a quoted string, e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324", ' +
-					'or a bare key without spaces, quotes, backslashes, commas or semicolons.',
+				: 'The Idempotency-Key header must be a quoted string (Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324") ' +
+					'or one run of visible ASCII without quote, backslash, comma or semicolon.',
 		};
 	}
 	if (key.length === 0) {

@@ -10,7 +10,12 @@
 // alike, so that nothing leaves before it is stored -- then stores it with
 // idem_finish and sends it, or releases the claim (errors are not cached).
 // Once the handler has run, a failure to store never leads to a second run:
-// the key is completed with the response-not-stored answer instead.
+// the key is completed with the response-not-stored answer instead, or,
+// while the database refuses every write of it, the claim is kept and the
+// response stored in the background.
+
+const { setTimeout: sleep } = require('node:timers/promises');
+const { isDeepStrictEqual } = require('node:util');
 
 const { parseIdempotencyKey } = require('./key');
 const { fingerprint: computeFingerprint } = require('./fingerprint');
@@ -35,8 +40,18 @@ const PROBLEM_TYPE = 'application/problem+json; charset=utf-8';
 const PARTS = new Set(['body', 'params', 'query', 'headers']);
 // "try again later" statuses: not stored, as server errors are not
 const NOT_STORED = new Set([408, 425, 429]);
+// statuses whose responses have no body, and no Content-Length
+const BODILESS = new Set([204, 304]);
+// headers stored with every response, whatever replayHeaders says: what
+// the stored bytes are (a compression after the middleware sets the
+// encoding), and what they were chosen by
+const BODY_HEADERS = ['content-type', 'content-encoding', 'vary'];
 
 const defaultStore = (status) => status < 500 && !NOT_STORED.has(status);
+// a response the database refuses to store is tried again after these
+// delays (ms): the first, doubled each round up to the last
+const STORE_DELAY = 100;
+const MAX_STORE_DELAY = 5000;
 
 // problem(status, name, detail, { extra, headers }): an RFC 9457 problem
 // detail; `name` is its type's slug, one of TITLES' keys.
@@ -72,7 +87,7 @@ function problemText(p, typeOf) {
 // sendProblem(res, p, { problemType, problemTypeBase })
 function sendProblem(res, p, options = {}) {
 	const text = problemText(p, problemTypeOf(options));
-	for (const h of ['content-length', 'etag', 'location']) {
+	for (const h of ['content-length', 'content-encoding', 'etag', 'location']) {
 		res.removeHeader(h);
 	}
 	for (const [name, value] of Object.entries(p.headers)) {
@@ -84,40 +99,49 @@ function sendProblem(res, p, options = {}) {
 	res.end(text);
 }
 
-// The body of a stored response { status, headers, text | base64 | body }:
-// `text` is the body as it was sent, `base64` one that is not UTF-8 text,
-// `body` a JSON value (a record an application wrote itself).
-function storedBytes(stored) {
+// The body of a stored response { status, headers, text | base64 | body }
+// -> { bytes, type }: `text` is the body as it was sent, `base64` one that
+// is not UTF-8 text, `body` a JSON value (a record an application wrote
+// itself), whose type is JSON unless the record names another.
+function storedBody(stored) {
 	if (typeof stored.text === 'string') {
-		return Buffer.from(stored.text, 'utf8');
+		return { bytes: Buffer.from(stored.text, 'utf8') };
 	}
 	if (typeof stored.base64 === 'string') {
-		return Buffer.from(stored.base64, 'base64');
+		return { bytes: Buffer.from(stored.base64, 'base64') };
 	}
 	if (stored.body !== undefined) {
-		return Buffer.from(JSON.stringify(stored.body), 'utf8');
+		return { bytes: Buffer.from(JSON.stringify(stored.body), 'utf8'), type: JSON_TYPE };
 	}
-	return Buffer.alloc(0);
+	return { bytes: Buffer.alloc(0) };
 }
 
-// sendStored(res, stored, replayed): a stored response, with
-// Idempotent-Replayed: true on a replay.
-function sendStored(res, stored, replayed) {
-	res.removeHeader('content-length');
-	const headers = stored.headers ?? {};
+// End res with status, headers -- name -> a value, or an array of values,
+// each sent as a header line of its own -- and the body; Content-Length is
+// the body's (none on a 204 or 304, which have no body).
+function endResponse(res, status, headers, bytes, cb) {
 	for (const [name, value] of Object.entries(headers)) {
 		res.setHeader(name, value);
 	}
-	if (!Object.keys(headers).some((h) => h.toLowerCase() === 'content-type')) {
-		res.setHeader('Content-Type', JSON_TYPE);
+	res.statusCode = status;
+	if (!BODILESS.has(status)) {
+		res.setHeader('Content-Length', bytes.length);
+	}
+	res.end(bytes, cb);
+}
+
+// sendStored(res, stored, replayed): a stored response, its headers
+// exactly, with Idempotent-Replayed: true on a replay.
+function sendStored(res, stored, replayed) {
+	res.removeHeader('content-length');
+	const { bytes, type } = storedBody(stored);
+	if (type) {
+		res.setHeader('Content-Type', type);	// unless the stored headers name another
 	}
 	if (replayed) {
 		res.setHeader('Idempotent-Replayed', 'true');
 	}
-	const bytes = storedBytes(stored);
-	res.statusCode = stored.status ?? 200;
-	res.setHeader('Content-Length', bytes.length);
-	res.end(bytes);
+	endResponse(res, stored.status ?? 200, stored.headers ?? {}, bytes);
 }
 
 // problemFor(err, { retryAfter }) -> the problem an API answers for an
@@ -149,7 +173,9 @@ function problemFor(err, { retryAfter = 1 } = {}) {
 	if (err instanceof errors.InvalidRequestError) {
 		return problem(400, 'invalid-request', `Invalid argument: ${err.message}.`);
 	}
-	if (err?.code === '25006' || err?.code === '57014') {
+	// read-only, cancelled, or a serialization failure that outlasted the
+	// claim's retries: the database is there, but cannot take the claim now
+	if (['25006', '57014', '40001'].includes(err?.code)) {
 		return problem(503, 'service-unavailable', 'The database cannot take writes right now. Retry with the same key.',
 			{ headers: { 'Retry-After': '1' } });
 	}
@@ -276,11 +302,20 @@ class IdempotentRoute {
 		this.client = client;
 		this.operation = operation;
 		this.fingerprint = fingerprinter(fingerprint);
-		this.keep = replayHeaders.map((h) => h.toLowerCase());
+		this.keep = [...new Set([...replayHeaders.map((h) => h.toLowerCase()), ...BODY_HEADERS])];
 		this.store = store;
 		this.recover = recover ?? null;
 		this.onStoreError = onStoreError;
 		this.typeOf = problemTypeOf({ problemType, problemTypeBase });
+		// the stored answer of a key whose handler ran but whose response
+		// could not be stored: every retry gets it
+		this.notStored = {
+			status: 410,
+			headers: { 'content-type': PROBLEM_TYPE },
+			text: problemText(problem(410, 'response-not-stored',
+				'The request with this Idempotency-Key was processed, but its response could not be stored. ' +
+				'Do not retry it; a new request needs a new key.'), this.typeOf),
+		};
 		this.log = { ...client.log, ...(options.log ?? {}) };
 		this.checkpointState = checkpoint === true ? (req, key) => ({ idempotency_key: key })
 			: typeof checkpoint === 'function' ? checkpoint : null;
@@ -309,15 +344,6 @@ class IdempotentRoute {
 
 	sendProblem(res, p) {
 		sendProblem(res, p, { problemType: this.typeOf });
-	}
-
-	// the stored answer of a key whose handler ran but whose response could
-	// not be stored: every retry gets it
-	notStoredRecord() {
-		const p = problem(410, 'response-not-stored',
-			'The request with this Idempotency-Key was processed, but its response could not be stored. ' +
-			'Do not retry it; a new request needs a new key.');
-		return { status: 410, headers: { 'content-type': PROBLEM_TYPE }, text: problemText(p, this.typeOf) };
 	}
 
 	async handle(req, res, next) {
@@ -369,6 +395,22 @@ class IdempotentRoute {
 
 const CAPTURED = ['writeHead', 'write', 'end', 'flushHeaders'];
 
+// writeHead's headers as [name, value] pairs: an object, an array of
+// pairs, or a flat array [name, value, name, value, ...]
+function headerPairs(headers) {
+	if (!Array.isArray(headers)) {
+		return Object.entries(headers ?? {});
+	}
+	if (Array.isArray(headers[0])) {
+		return headers;
+	}
+	const pairs = [];
+	for (let i = 0; i + 1 < headers.length; i += 2) {
+		pairs.push([headers[i], headers[i + 1]]);
+	}
+	return pairs;
+}
+
 // One request that holds the key.
 class Attempt {
 	constructor(route, req, res, claim) {
@@ -377,6 +419,8 @@ class Attempt {
 		this.res = res;
 		this.claim = claim;
 		this.chunks = [];
+		// the head at the handler's first write (Node would send it then)
+		this.written = null;
 		this.done = false;
 		this.started = process.hrtime.bigint();
 		this.saved = {};
@@ -386,7 +430,10 @@ class Attempt {
 		return this.route.log;
 	}
 
-	// Hold back whatever the handler sends until it is stored.
+	// Hold back whatever the handler sends until it is stored.  Its status,
+	// message and headers are taken when it ends the response (the head),
+	// and sent so, whatever changes them later: an error of the handler after
+	// its answer does not alter it, as in express once headers were sent.
 	capture() {
 		const { res, claim } = this;
 		for (const name of CAPTURED) {
@@ -399,14 +446,15 @@ class Attempt {
 				res.statusMessage = reason;
 			}
 			res.statusCode = statusCode;
-			if (Array.isArray(headers)) {
-				for (let i = 0; i + 1 < headers.length; i += 2) {
-					res.setHeader(headers[i], headers[i + 1]);
-				}
-			} else if (headers) {
-				for (const [name, value] of Object.entries(headers)) {
-					res.setHeader(name, value);
-				}
+			// as Node's: an array's names replace the values set before, and a
+			// name repeated in it adds a value
+			const pairs = headerPairs(headers);
+			for (const [name] of pairs) {
+				res.removeHeader(name);
+			}
+			for (const [name, value] of pairs) {
+				const before = res.getHeader(name);
+				res.setHeader(name, before === undefined ? value : [].concat(before, value));
 			}
 			return res;
 		};
@@ -414,7 +462,10 @@ class Attempt {
 			if (typeof encoding === 'function') {
 				[cb, encoding] = [encoding, undefined];
 			}
-			this.push(chunk, encoding);
+			if (!this.done) {
+				this.written ??= this.head();
+				this.push(chunk, encoding);
+			}
 			if (cb) {
 				process.nextTick(cb);
 			}
@@ -426,8 +477,20 @@ class Attempt {
 			} else if (typeof encoding === 'function') {
 				[cb, encoding] = [encoding, undefined];
 			}
+			if (this.done) {
+				return res;	// an error handler's, after the handler's answer
+			}
+			this.done = true;
+			const head = this.head();
+			if (this.written && !isDeepStrictEqual(head, this.written)) {
+				// the head changed after a write, which Node refuses once the
+				// head is sent: an error handler answered a handler that failed
+				// midway.  Nothing was sent yet: its answer replaces the partial
+				// one, rather than following it in a malformed message.
+				this.chunks = [];
+			}
 			this.push(chunk, encoding);
-			this.complete(cb).catch((err) => this.log.error('idempotency-pg:', err));
+			this.complete(head, Buffer.concat(this.chunks), cb).catch((err) => this.log.error('idempotency-pg:', err));
 			return res;
 		};
 		res.flushHeaders = () => {};
@@ -449,6 +512,23 @@ class Attempt {
 		};
 	}
 
+	// what Node would send as the response's head now
+	head() {
+		const { res } = this;
+		return { status: res.statusCode, message: res.statusMessage, headers: res.getHeaders() };
+	}
+
+	// The response as the handler ended it, through the real res.end.
+	send({ status, message, headers }, bytes, cb) {
+		const { res } = this;
+		this.restore();
+		for (const name of res.getHeaderNames()) {
+			res.removeHeader(name);
+		}
+		res.statusMessage = message;
+		endResponse(res, status, headers, bytes, cb);
+	}
+
 	restore() {
 		for (const name of CAPTURED) {
 			if (this.saved[name]) {
@@ -467,15 +547,17 @@ class Attempt {
 			: Buffer.from(chunk));
 	}
 
-	// the record of a response: the allow-listed headers (lower case), the
-	// content type, and the body as sent (text, or base64 when it is not
-	// UTF-8 text jsonb can hold)
-	record(status, headers, bytes) {
+	// the record of a response: the kept headers (lower case; one sent more
+	// than once as an array of its values), and the body as sent (text, or
+	// base64 when it is not UTF-8 text jsonb can hold)
+	record({ status, headers }, bytes) {
 		const record = { status, headers: {} };
-		for (const name of [...this.route.keep, 'content-type']) {
-			const value = headers(name);
-			if (value !== undefined && value !== null) {
-				record.headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
+		for (const name of this.route.keep) {
+			const value = headers[name];
+			if (Array.isArray(value) && value.length !== 1) {
+				record.headers[name] = value.map(String);
+			} else if (value !== undefined && value !== null) {
+				record.headers[name] = String(value);
 			}
 		}
 		const text = bytes.toString('utf8');
@@ -487,130 +569,172 @@ class Attempt {
 		return record;
 	}
 
-	// Store the record (and run the effect with it).  -> 'stored'; 'not
+	get where() {
+		return `idempotency-pg: ${this.claim.operation} ${JSON.stringify(this.claim.key)}`;
+	}
+
+	// Store the record (and run the effect with it) -> 'stored'; 'not
 	// stored' (the key is completed with the response-not-stored answer);
 	// 'lost' (IK412: another attempt holds the key); 'failed' (the effect
-	// failed: nothing happened, the claim is released); 'unstored' (nothing
-	// could be written: the claim is given up).
+	// failed: nothing happened, the claim is released); 'pending' (the
+	// database refused every write: keepPending); 'unstored' (the
+	// connection was lost for good: the claim lapses with it).
 	async save(record, effect) {
-		const { claim, log } = this;
-		const where = `idempotency-pg: ${claim.operation} ${JSON.stringify(claim.key)}`;
-		try {
-			await claim.finish(record, { effect });
+		const { log, where } = this;
+		const { outcome, error } = await this.store(record, effect);
+		const report = (what) => log.error(`${where}: ${what}:`, error.code ?? '', error.message);
+		if (outcome === 'stored') {
 			this.route.measure(Number(process.hrtime.bigint() - this.started) / 1e9);
-			return 'stored';
-		} catch (err) {
-			if (err instanceof errors.LostClaimError) {
-				log.error(`${where}: the attempt lost its claim before storing its response:`, err.message);
-				return 'lost';
-			}
-			log.error(`${where}: the response was not stored:`, err.code ?? '', err.message);
-			if (!claim.pending) {
-				return 'unstored';
-			}
+		} else if (outcome === 'not stored' && error) {
+			report('the response was not stored, the key answers response-not-stored');
+		} else if (outcome === 'lost') {
+			report('the attempt lost its claim before storing its response');
+		} else if (outcome === 'unstored') {
+			report('the connection was lost before the response was stored; the claim lapses');
+		} else if (outcome === 'refused' && effect) {
+			// the effect's statement itself fails: it did not happen
+			report('the effect failed, the claim is released');
+			await this.claim.abort().catch((e) => log.error(`${where}: idem_abort failed:`, e.code ?? '', e.message));
+			return 'failed';
+		} else if (outcome === 'refused') {
+			report('the database refuses to store the response; the claim is kept, and the response stored in the background');
+			await this.keepPending(record, error);
+			return 'pending';
 		}
-		try {
-			await claim.finish(this.route.notStoredRecord(), { effect });
-			return 'not stored';
-		} catch (err) {
-			if (effect && claim.pending && errors.isServerError(err)) {
-				// the effect's statement itself fails: it did not happen
-				log.error(`${where}: the effect failed, the claim is released:`, err.code ?? '', err.message);
-				await claim.abort().catch((e) => log.error(`${where}: idem_abort failed:`, e.code ?? '', e.message));
-				return 'failed';
-			}
-			log.error(`${where}: not even the response-not-stored answer could be stored; the claim is given up:`,
-				err.code ?? '', err.message);
-			await this.keepPending(err);
-			claim.release({ close: true });
-			return 'unstored';
-		}
+		return outcome;
 	}
 
-	// The last resort when nothing can be stored: a checkpoint saying so,
-	// so that the next attempt gets 'recover' (and, without a recover
-	// handler, completes the key with the response-not-stored answer), not
-	// 'new'.  A route with checkpoints keeps its own: its recover handler
-	// decides.
-	async keepPending(err) {
+	// One pass: the record, else the response-not-stored answer ->
+	// { outcome, error }: 'stored', 'not stored', 'lost', 'unstored' as
+	// save() says, or 'refused': the database answered an error to both
+	// (read-only, a trigger, out of disk ...) and the claim is still ours
+	// (Claim.finish keeps it after an error the server sent); `error` is the
+	// first (the record's) error, or the last.
+	async store(record, effect) {
+		const { claim } = this;
+		const { notStored } = this.route;
+		let error;
+		for (const answer of record === notStored ? [notStored] : [record, notStored]) {
+			try {
+				await claim.finish(answer, { effect });
+				return { outcome: answer === notStored ? 'not stored' : 'stored', error };
+			} catch (err) {
+				error ??= err;
+				if (err instanceof errors.LostClaimError) {
+					return { outcome: 'lost', error: err };
+				}
+				if (!claim.pending) {
+					return { outcome: 'unstored', error: err };
+				}
+			}
+		}
+		return { outcome: 'refused', error };
+	}
+
+	// The database refuses to store anything of the key, but answers: the
+	// claim stays pending, on its connection, and the response is stored in
+	// the background, tried again (then the response-not-stored answer) after
+	// a delay doubling from 100 ms to 5 s, until one is stored, the claim is
+	// lost (IK412) or its connection is.  Meanwhile duplicates wait for it or
+	// get 409, as for any running attempt.  A checkpoint saying so, where the
+	// database takes it, makes the next attempt after a takeover (this
+	// process died) get 'recover', not 'new' (a route with checkpoints keeps
+	// its own: its recover handler decides).
+	async keepPending(record, err) {
+		const { claim, log, where } = this;
+		if (!this.route.checkpointState) {
+			// refused too, most likely: the background store is the remedy
+			await claim.checkpoint({ response_not_stored: { error: `${err.code ?? ''} ${err.message}`.trim().slice(0, 1000) } })
+				.catch(() => {});
+		}
+		(async () => {
+			for (let delay = STORE_DELAY; ; delay = Math.min(2 * delay, MAX_STORE_DELAY)) {
+				await sleep(delay);
+				const { outcome, error } = await this.store(record);
+				if (outcome !== 'refused') {
+					log.error(`${where}: the store in the background ended: ${{
+						stored: 'the response is stored',
+						'not stored': 'the response-not-stored answer is stored',
+						lost: 'the attempt lost its claim (IK412)',
+						unstored: 'the connection was lost; the claim lapses',
+					}[outcome]}`, ...(error ? [error.code ?? '', error.message] : []));
+					return;
+				}
+			}
+		})().catch((e) => log.error(`${where}: the store in the background failed:`, e));
+	}
+
+	// what the handler sent, once it ended the response: its head and body
+	async complete(head, bytes, cb) {
 		const { claim, log } = this;
-		if (this.route.checkpointState || !claim.pending) {
-			return;
-		}
-		try {
-			await claim.checkpoint({ response_not_stored: { error: `${err.code ?? ''} ${err.message}`.trim().slice(0, 1000) } });
-		} catch (e) {
-			log.error(`idempotency-pg: ${claim.operation} ${JSON.stringify(claim.key)}: idem_checkpoint failed; ` +
-				'after its lease (or session) the key runs again:', e.code ?? '', e.message);
-		}
-	}
-
-	// what the handler sent, once it ended the response
-	async complete(cb) {
-		if (this.done) {
-			return;
-		}
-		this.done = true;
-		const { res, claim, log } = this;
-		const status = res.statusCode;
-		const bytes = Buffer.concat(this.chunks);
 		let keep;
 		try {
-			keep = this.route.store(status);
+			keep = this.route.store(head.status);
 		} catch (err) {
 			log.error('idempotency-pg: the store option failed:', err);
 			keep = false;
 		}
 		if (!keep) {
 			// errors are not cached: release the key before the client can retry
-			await claim.abort().catch((err) => log.error(`idempotency-pg: idem_abort failed for ${JSON.stringify(claim.key)}:`,
-				err.code ?? '', err.message));
-			this.restore();
-			res.end(bytes, cb);
-			return;
+			await claim.abort().catch((err) => log.error(`${this.where}: idem_abort failed:`, err.code ?? '', err.message));
+			return this.send(head, bytes, cb);
 		}
-		let outcome;
-		try {
-			outcome = await this.save(this.record(status, (name) => res.getHeader(name), bytes), undefined);
-		} catch (err) {
-			log.error('idempotency-pg:', err);
-			outcome = 'unstored';
+		const outcome = await this.save(this.record(head, bytes));
+		if (outcome === 'stored' || outcome === 'not stored') {
+			return this.send(head, bytes, cb);
 		}
 		this.restore();
-		if (outcome === 'stored' || outcome === 'not stored') {
-			res.end(bytes, cb);
-		} else {
-			this.route.sendProblem(res, this.notStoredProblem());
-			cb?.();
-		}
+		this.route.sendProblem(this.res, this.failure(outcome));
+		return cb?.();
 	}
 
-	notStoredProblem() {
-		return problem(500, 'response-not-stored', 'The request was processed, but its response could not be stored. ' +
-			'Retry with the same key.');
+	// the 500 for save()'s outcome when the response is not sent
+	failure(outcome) {
+		if (outcome === 'failed') {
+			return problem(500, 'internal-error', 'The server could not complete the request.');
+		}
+		return problem(500, 'response-not-stored', {
+			'not stored': 'The request was processed, but its response could not be encoded to be stored or sent. ' +
+				'It will not run again: a retry with the same key gets 410.',
+			pending: 'The request was processed, but its response is not stored yet. A retry with the same key gets it.',
+			lost: 'This attempt lost its claim on the Idempotency-Key before it could store its response. Retry with the same key.',
+			unstored: 'The request was processed, but its response could not be stored. Retry with the same key.',
+		}[outcome]);
 	}
 
 	// req.idempotency.respond(response, { effect }): store the response (and
 	// run the effect in the same statement), then send it.  -> the stored
-	// record, or null when it could not be stored (then 500 or, when the
-	// effect failed, 500 internal-error is sent).
+	// record, or null when it could not be stored (then the handler's
+	// response is sent, or a 500 when it cannot be: a body JSON.stringify
+	// refuses, or nothing stored at all, or the effect failed).
 	async respond(response, { effect } = {}) {
 		if (this.done) {
 			throw new Error('idempotency-pg: the response was sent already');
 		}
 		this.done = true;
+		let record = null;
+		try {
+			// a JSON body is application/json unless the headers say otherwise
+			const json = typeof response.text !== 'string' && response.body !== undefined;
+			const headers = json ? { 'content-type': JSON_TYPE } : {};
+			for (const [name, value] of Object.entries(response.headers ?? {})) {
+				headers[name.toLowerCase()] = value;
+			}
+			const text = json ? JSON.stringify(response.body) : response.text ?? '';
+			record = this.record({ status: response.status ?? 200, headers }, Buffer.from(text, 'utf8'));
+		} catch (err) {
+			// a body JSON.stringify refuses (a BigInt, a cycle): it can be
+			// neither stored nor sent; the key is completed with the
+			// response-not-stored answer (and the effect runs with it)
+			this.log.error(`${this.where}: the response cannot be encoded:`, err.message);
+		}
+		const outcome = await this.save(record ?? this.route.notStored, effect);
 		this.restore();
-		const headers = Object.fromEntries(Object.entries(response.headers ?? {}).map(([k, v]) => [k.toLowerCase(), v]));
-		const text = typeof response.text === 'string' ? response.text
-			: response.body === undefined ? '' : JSON.stringify(response.body);
-		const record = this.record(response.status ?? 200, (name) => headers[name], Buffer.from(text, 'utf8'));
-		const outcome = await this.save(record, effect);
-		if (outcome === 'stored' || outcome === 'not stored') {
+		if (record !== null && (outcome === 'stored' || outcome === 'not stored')) {
 			sendStored(this.res, record, false);
 			return outcome === 'stored' ? record : null;
 		}
-		this.route.sendProblem(this.res, outcome === 'failed'
-			? problem(500, 'internal-error', 'The server could not complete the request.') : this.notStoredProblem());
+		this.route.sendProblem(this.res, this.failure(outcome));
 		return null;
 	}
 
@@ -618,12 +742,11 @@ class Attempt {
 	// code wrote): complete the key with the response-not-stored answer
 	async terminal() {
 		this.done = true;
-		const record = this.route.notStoredRecord();
-		const outcome = await this.save(record, undefined);
-		if (outcome === 'stored' || outcome === 'not stored') {
-			return sendStored(this.res, record, false);
+		const outcome = await this.save(this.route.notStored);
+		if (outcome === 'not stored') {
+			return sendStored(this.res, this.route.notStored, false);
 		}
-		return this.route.sendProblem(this.res, this.notStoredProblem());
+		return this.route.sendProblem(this.res, this.failure(outcome));
 	}
 }
 

@@ -57,6 +57,9 @@ async function createApp(s) {
 			throw new Error('the handler failed');
 		} else if (b.answer === 'large') {
 			body = { id: `ch_${key}`, padding: 'x'.repeat(70000) };
+		} else if (b.answer === 'empty') {
+			res.status(204).end();
+			return;
 		}
 		const text = JSON.stringify(body);
 		if (b.style === 'writeHead') {
@@ -108,10 +111,12 @@ async function createApp(s) {
 
 module.exports = { createApp };
 
-// Run as a process of its own (the runner's 'process_cases'): serve the app
-// on 127.0.0.1 for the database PGDATABASE of the server the libpq
-// environment names; print the port once the app listens.
-if (require.main === module) {
+// Run as a process of its own (the runner's 'process_cases': node
+// conformance-app.js --listen): serve the app on 127.0.0.1 for the database
+// PGDATABASE of the server the libpq environment names; print the port once
+// the app listens.  Without --listen, as `node --test test/` runs every file
+// of the directory, it only loads.
+if (require.main === module && process.argv.includes('--listen')) {
 	(async () => {
 		const pools = [];
 		const s = {

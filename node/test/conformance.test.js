@@ -17,6 +17,8 @@ const { after, before, describe, test } = require('node:test');
 const pg = require('pg');
 
 const { createApp } = require('./conformance-app');
+const { TITLES } = require('../lib/middleware');
+const { parseIdempotencyKey } = require('../lib/key');
 const { SERVER_OPTIONS, installEdition, isSchemaStatement, scratchDatabase, sleep } = require('./db');
 
 const CASES = JSON.parse(fs.readFileSync(path.join(__dirname, '..', '..', 'test', 'http', 'cases.json'), 'utf8'));
@@ -192,6 +194,12 @@ for (const c of CASES.cases) {
 	test(c.name, () => runCase(ctx, c));
 }
 
+test('the problem titles are cases.json\'s, and a malformed bare key is explained in the Python package\'s words', () => {
+	assert.deepEqual(TITLES, CASES.titles);
+	assert.equal(parseIdempotencyKey('a b').reason, 'The Idempotency-Key header must be a quoted string ' +
+		'(Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324") or one run of visible ASCII without quote, backslash, comma or semicolon.');
+});
+
 // ------------------------------------------------------ the process cases
 
 // A server of the suite's own (never the shared one: it restarts), from
@@ -228,7 +236,7 @@ async function ownServer() {
 // conformance-app.js in a process of its own, for the server and database
 // of ctx; resolves once it listens
 function startApp(ctx) {
-	const child = spawn(process.execPath, [path.join(__dirname, 'conformance-app.js')], {
+	const child = spawn(process.execPath, [path.join(__dirname, 'conformance-app.js'), '--listen'], {
 		env: { ...process.env, PGHOST: ctx.connection.host, PGPORT: String(ctx.connection.port), PGDATABASE: ctx.dbname },
 		stdio: ['ignore', 'pipe', 'inherit'],
 	});

@@ -259,7 +259,7 @@ test('checkpoint on: after the attempt\'s session ended, the retry gets recover 
 	assert.equal(await effects(key), 1, 'only the owner\'s effect committed');
 });
 
-test('nothing can be stored after the handler ran: the key keeps a checkpoint, and the retry answers 410, never runs it again', async () => {
+test('the database refuses every finish of the key after the handler ran: 500, the claim kept with a checkpoint, the response stored once it can be', async () => {
 	const key = newKey('nostore');
 	// every finish of this key fails (a server error), its checkpoint does not
 	await s.db.query(`CREATE FUNCTION refuse_finish() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -282,13 +282,16 @@ test('nothing can be stored after the handler ran: the key keeps a checkpoint, a
 		const first = await post('/auto/acc1', { key });
 		assert.equal(first.status, 500, first.text);
 		assert.equal(first.json.type, '/problems/response-not-stored');
+		assert.match(first.json.detail, /not stored yet/);
+		const { rows } = await s.db.query(`SELECT state, checkpoint FROM idem_inspect('test.charge', $1)`, [key]);
+		assert.equal(rows[0].state, 'pending', 'the claim is kept');
+		assert.ok(rows[0].checkpoint.response_not_stored, 'a checkpoint for a takeover, should this process die');
 	} finally {
 		await s.db.query('DROP FUNCTION refuse_finish() CASCADE');
 	}
 	const retry = await post('/auto/acc1', { key });
-	assert.equal(retry.status, 410, retry.text);
-	assert.equal(retry.json.type, '/problems/response-not-stored');
-	assert.equal((await post('/auto/acc1', { key })).headers.get('idempotent-replayed'), 'true');
+	assert.equal(retry.status, 201, retry.text);
+	assert.equal(retry.headers.get('idempotent-replayed'), 'true', 'the retry waited for the store in the background');
 	assert.equal(await effects(key), 1, 'the handler ran once');
 });
 

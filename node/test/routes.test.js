@@ -40,6 +40,10 @@ before(async () => {
 			await req.idempotency.respond({ status: 201, body: { amount: req.body.amount, padding: 'x'.repeat(req.body.size) } },
 				{ effect: effect(req) });
 		});
+	// a body JSON.stringify refuses
+	app.post('/bigint', idem.middleware({ operation: 'routes.bigint', takeover: 'session' }), async (req, res) => {
+		await req.idempotency.respond({ status: 201, body: { amount: BigInt(req.body.amount) } }, { effect: effect(req) });
+	});
 	app.post('/checkpoint', idem.middleware({ operation: 'routes.checkpoint', takeover: 'session' }), async (req, res) => {
 		await req.idempotency.checkpoint({ step: 1 });
 		res.status(201).json({ ok: true });
@@ -107,6 +111,18 @@ test('respond() with a response too large to store: one effect in three attempts
 	assert.equal(await effects(key), 1, 'the effect committed once, with the response-not-stored answer');
 });
 
+test('respond() with a body JSON.stringify refuses (a BigInt): 500, the effect done once, the key completed, retries get 410', async () => {
+	const key = newKey('bigint');
+	const first = await post('/bigint', key, { amount: 5 });
+	assert.equal(first.status, 500, first.text);
+	assert.equal(first.json.type, 'urn:idempotency:problem:response-not-stored');
+	const retry = await post('/bigint', key, { amount: 5 });
+	assert.equal(retry.status, 410, retry.text);
+	assert.equal(retry.headers.get('idempotent-replayed'), 'true');
+	assert.equal(await effects(key), 1, 'the effect committed with the response-not-stored answer');
+	assert.equal(idem.pool.idleCount, idem.pool.totalCount, 'every claim\'s connection is back in the pool');
+});
+
 test('respond() whose effect fails: 500, nothing happened, the claim is released', async () => {
 	const key = newKey('effect');
 	const r = await post('/respond', key, { amount: -1, size: 0 });
@@ -140,4 +156,25 @@ test("onStoreError 'run' does not fail open when the pool is only busy: 503, not
 	assert.equal(await effects('unguarded'), 0);
 	open();
 	assert.equal((await first).status, 201);
+});
+
+test('a serialization failure (40001) that outlasts idem_begin\'s retries: 503 with Retry-After: 1, nothing runs', async () => {
+	const key = newKey('serialization');
+	await s.db.query(`CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.key = '${key}' THEN
+				RAISE EXCEPTION 'could not serialize access' USING ERRCODE = 'serialization_failure';
+			END IF;
+			RETURN NEW;
+		END $$`);
+	await s.db.query('CREATE TRIGGER refuse_claim BEFORE INSERT OR UPDATE ON idem_record FOR EACH ROW EXECUTE FUNCTION refuse_claim()');
+	try {
+		const r = await post('/respond', key, { amount: 5, size: 0 });
+		assert.equal(r.status, 503, r.text);
+		assert.equal(r.json.type, 'urn:idempotency:problem:service-unavailable');
+		assert.equal(r.headers.get('retry-after'), '1');
+	} finally {
+		await s.db.query('DROP FUNCTION refuse_claim() CASCADE');
+	}
+	assert.equal(await effects(key), 0);
 });

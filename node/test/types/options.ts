@@ -25,6 +25,9 @@ const idem = new IdempotencyClient(pool, {
   onOutcome: (operation: string, outcome: Outcome) => { counts[`${operation} ${outcome}`] = 1; },
 });
 
+// claim.token a BigInt
+const bigIdem = new IdempotencyClient(pool, { tokens: 'bigint' });
+
 const app = express();
 app.use(express.json());
 
@@ -134,4 +137,4 @@ const begin = beginStatement({ lease: '30 s', checkpoint: { a: 1 } });
 const finish = finishStatement({ text: 'SELECT 1' });
 const names: string[] = [statements.FINISH.name, statements.RETRY_AFTER.text, begin.name, finish.text];
 
-void [inspect, classify, fp, text, key, limit, names];
+void [inspect, classify, fp, text, key, limit, names, bigIdem];
