@@ -198,6 +198,10 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
     else:
         dependency = coordinator
     keep = tuple(h.lower() for h in replay_headers)
+    # without recover=, the endpoint's own checkpoints are refused
+    refusal = None if recover is not None else (
+        f"the endpoint of {operation!r} checkpoints its claim, but the route has no recover=: the "
+        "attempt that takes the key over would have nothing to answer 'recover' with; pass recover=")
     paths = tuple(tuple(name.split(".")) for name in fingerprint)
     durations = _Durations()
 
@@ -321,6 +325,7 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                 return problem(p)
             if claim.status == "replay":
                 return stored_response(claim.response, True, media_type)
+            claim._checkpoint_refusal = refusal
             started = time.monotonic()
             try:
                 with _core.running(claim):
@@ -338,10 +343,10 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                         await complete_not_stored(claim, str(err))
                         return problem(not_stored_problem(500))
                     except BaseException:
-                        await _release(claim)
+                        await _give_up(claim)
                         raise
                 if not stored_status(response.status_code):
-                    await _release(claim)
+                    await _give_up(claim)
                     return response
                 stored = record_of(response)
                 if stored is None:
@@ -380,8 +385,13 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
     return decorate
 
 
-async def _release(claim: AsyncClaim) -> None:
-    """``idem_abort``: the endpoint failed, its claim is released."""
+async def _give_up(claim: AsyncClaim) -> None:
+    """The endpoint (or ``recover``) failed: a new claim is released
+    (``idem_abort``); a ``'recover'`` claim is left pending with its
+    checkpoint (its connection is closed), so the next attempt gets
+    ``'recover'`` again."""
+    if claim.status == "recover":
+        return
     try:
         await claim.abort()
     except Exception:  # the lease (or the session's end) releases it
