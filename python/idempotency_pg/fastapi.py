@@ -7,8 +7,7 @@ contract of the packages") says -- the same table as the Node package.
 
     @app.post("/charges", status_code=201, responses=IDEMPOTENCY_RESPONSES)
     @idempotent_route("payment.charge", coordinator=state_coordinator("coordinator"),
-                      fingerprint=("charge.customer", "charge.amount", "charge.currency"),
-                      status_code=201)
+                      fingerprint=("charge.customer", "charge.amount", "charge.currency"))
     async def post_charge(charge: ChargeIn, *, idempotency_key: str) -> Response: ...
 
 The route is decorated where it is defined; its coordinator comes from a
@@ -29,15 +28,19 @@ is given.  Per request, in this order:
 - the key is claimed (:meth:`AsyncCoordinator.begin`, the external-call
   shape); ``'new'``: ``checkpoint(**arguments)`` is recorded if given, the
   endpoint runs (with the key as ``key_param`` if it takes it) and its
-  response -- a ``Response``, or a value sent as JSON with ``status_code``
-  -- is sent as it is (its background tasks run once, after it); it is
-  stored as ``{"status", "headers", "text"}`` (the body byte for byte, the
-  ``replay_headers``) unless its status is 5xx, 408, 425 or 429, which
-  release the claim (errors are not cached), as an exception does;
+  response -- a ``Response``, or a value sent as FastAPI's route sends it
+  (its ``status_code``, ``response_model``, ``response_class``), or what
+  the app's handler answers for an ``HTTPException`` -- is sent as it is
+  (its background tasks run once, after it); it is stored as ``{"status",
+  "headers", "text"}`` (the body byte for byte, or ``"base64"``; the
+  ``replay_headers``, a repeated one as an array) unless its status is
+  5xx, 408, 425 or 429, which release the claim (errors are not cached),
+  as an exception does;
 - ``'replay'``: the stored status, headers and body, plus
   ``Idempotent-Replayed: true``;
 - ``'recover'``: ``recover(state, **arguments)`` answers as the endpoint
-  would; a route without ``recover`` answers 410 ``response-not-stored``
+  would (when it fails, the claim keeps its checkpoint for the next
+  attempt); a route without ``recover`` answers 410 ``response-not-stored``
   and stores that answer (the key never stays stuck);
 - a response that cannot be stored (too large, a streaming body, the store
   lost while storing it) is sent once and the key completed with the 410
@@ -54,18 +57,27 @@ Never a second run once the endpoint has run.
 from __future__ import annotations
 
 import base64
+import functools
 import inspect
 import json
 import time
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import NoneType
 from typing import Any, cast
 
 import psycopg
 from fastapi import Depends, Header, Request
+from fastapi.datastructures import DefaultPlaceholder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import Response
+from fastapi.routing import APIRoute, serialize_response
+from fastapi.utils import is_body_allowed_for_status_code
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
-from . import _core, encoding
+from . import _core
 from .aio import AsyncClaim, AsyncCoordinator, _unreachable
 from .errors import IdempotencyError, InProgressError, LostClaimError
 from .fingerprint import fingerprint as make_fingerprint
@@ -122,21 +134,27 @@ def problem_response(problem: Problem, type_base: str | None = None) -> Response
 def stored_response(stored: Mapping[str, Any], replayed: bool, media_type: str = "application/json") -> Response:
     """A stored response: ``{"status", "headers", "text"}`` (or ``"base64"``,
     or a JSON ``"body"``, as an application's own ``idem_finish`` may write
-    it); a replay adds ``Idempotent-Replayed: true``."""
-    headers = {str(k): str(v) for k, v in cast(Mapping[Any, Any], stored.get("headers") or {}).items()}
-    if replayed:
-        headers["Idempotent-Replayed"] = "true"
+    it), with exactly the stored headers (a header sent more than once is
+    stored as an array of its values); a ``"body"`` without a Content-Type
+    gets ``media_type``.  A replay adds ``Idempotent-Replayed: true``."""
+    headers = cast(Mapping[str, str | list[str]], stored.get("headers") or {})
     if isinstance(stored.get("text"), str):
         content = stored["text"].encode()
     elif isinstance(stored.get("base64"), str):
         content = base64.b64decode(stored["base64"])
     elif stored.get("body") is not None:
         content = json_bytes(stored["body"])
+        if not any(name.lower() == "content-type" for name in headers):
+            headers = {**headers, "content-type": media_type}
     else:
         content = b""
-    if not any(k.lower() == "content-type" for k in headers) and content:
-        headers["Content-Type"] = media_type
-    return Response(content, int(stored["status"]), headers=headers)
+    response = Response(content, int(stored["status"]))
+    for name, value in headers.items():
+        for one in value if isinstance(value, list) else [value]:
+            response.headers.append(name, str(one))
+    if replayed:
+        response.headers.append("Idempotent-Replayed", "true")
+    return response
 
 
 class _Durations:
@@ -156,11 +174,33 @@ class _Durations:
 
 
 class _Unsendable(Exception):
-    """The endpoint's value cannot be encoded as JSON: there is no response to send."""
+    """The endpoint's value cannot be serialized: there is no response to send."""
+
+
+def _header_record(response: Response, keep: Sequence[str]) -> dict[str, str | list[str]]:
+    """The headers of ``response`` named in ``keep`` (lower case), as a
+    record keeps them: one value as a string, a header sent more than once
+    as the array of its values."""
+    values: dict[str, list[str]] = {}
+    for name, value in response.headers.items():
+        if name.lower() in keep:
+            values.setdefault(name.lower(), []).append(value)
+    return {name: v[0] if len(v) == 1 else v for name, v in values.items()}
+
+
+async def _exception_response(request: Request, exc: HTTPException) -> Response:
+    """What the app's handler for ``exc`` answers, found as Starlette finds
+    it (by status code, then by class); FastAPI's own without one."""
+    handlers: Mapping[Any, Callable[..., Any]] = request.app.exception_handlers
+    found = [handlers[k] for k in (exc.status_code, *type(exc).__mro__) if k in handlers]
+    response = found[0](request, exc) if found else http_exception_handler(request, exc)
+    if inspect.isawaitable(response):
+        response = await response
+    return cast(Response, response)
 
 
 def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable[..., Any],
-                     fingerprint: Sequence[str] = (), status_code: int = 200,
+                     fingerprint: Sequence[str] = (), status_code: int | None = None,
                      replay_headers: Sequence[str] = REPLAY_HEADERS, key_param: str = "idempotency_key",
                      header: str = "Idempotency-Key", max_key_length: int = 255,
                      problem_type_base: str | None = None, media_type: str = "application/json",
@@ -169,9 +209,13 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                      lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                      remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                      on_store_error: str = "raise"
-                     ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Response]]]:
-    """Make an ``async def`` endpoint an Idempotency-Key route (the module's
-    docstring, docs/http.md).  ``coordinator``: a FastAPI dependency
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Response]]]:
+    """Make an endpoint (``async def``, or ``def``: run in FastAPI's
+    threadpool) an Idempotency-Key route (the module's docstring,
+    docs/http.md).  A value it returns is sent as FastAPI sends it, with
+    the route's ``status_code``, ``response_model`` and ``response_class``
+    (``@app.post(...)``'s); ``status_code`` here, if given, must be the
+    route's.  ``coordinator``: a FastAPI dependency
     returning the :class:`AsyncCoordinator` (such as
     :func:`state_coordinator`), or the coordinator.  ``problem_type_base``
     prefixes the problem types' slugs (default ``urn:idempotency:problem:``).
@@ -205,9 +249,7 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
     paths = tuple(tuple(name.split(".")) for name in fingerprint)
     durations = _Durations()
 
-    def decorate(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Response]]:
-        if not inspect.iscoroutinefunction(endpoint):
-            raise TypeError(f"{endpoint.__qualname__} must be an async def")
+    def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Response]]:
         try:
             hints = typing.get_type_hints(endpoint)
         except Exception:
@@ -215,6 +257,9 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
         params = [p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
                   for p in inspect.signature(endpoint).parameters.values()]
         names = {p.name for p in params}
+        returns = hints.get("return", inspect.Signature.empty)
+        if returns is NoneType:
+            returns = None
         for path in paths:
             if path[0] not in names:
                 raise TypeError(f"fingerprint parameter {'.'.join(path)!r} is not a parameter of "
@@ -227,28 +272,77 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
         own_request = next((p.name for p in visible if p.annotation is Request), None)
         added = [] if own_request else [inspect.Parameter(_REQUEST, kw, annotation=Request)]
 
-        def to_response(result: Any) -> Response:
+        routes: list[APIRoute] = []
+
+        def declared(request: Request) -> APIRoute:
+            """FastAPI's route of this endpoint that serves ``request``
+            (the app's routes are searched at the first request)."""
+            if not routes:
+                routes.extend(r for r in request.app.router.routes
+                              if isinstance(r, APIRoute) and r.endpoint is route)
+                for r in routes:
+                    if status_code is not None and r.status_code != status_code:
+                        raise TypeError(f"the route of {operation!r} has status_code={status_code}, and its "
+                                        f"FastAPI route {r.path} status_code={r.status_code}: declare it once, "
+                                        "on the FastAPI route")
+            if len(routes) == 1:
+                return routes[0]
+            return next(r for r in routes if r.matches(request.scope)[0] == Match.FULL)
+
+        async def to_response(request: Request, result: Any) -> Response:
+            """The endpoint's response: as it returned it, or its value sent
+            as the route would send it (FastAPI's get_request_handler)."""
             if isinstance(result, Response):
                 return result
+            api = declared(request)
+            response_class: type[Response] = (api.response_class.value if isinstance(
+                api.response_class, DefaultPlaceholder) else api.response_class)
             try:
-                content = json_bytes(encoding.encode(result))
+                content = await serialize_response(
+                    field=api.response_field, response_content=result, include=api.response_model_include,
+                    exclude=api.response_model_exclude, by_alias=api.response_model_by_alias,
+                    exclude_unset=api.response_model_exclude_unset,
+                    exclude_defaults=api.response_model_exclude_defaults,
+                    exclude_none=api.response_model_exclude_none)
+                response = (response_class(content) if api.status_code is None
+                            else response_class(content, api.status_code))
             except (TypeError, ValueError) as err:
                 raise _Unsendable(f"{type(err).__name__}: {err}") from err
-            return Response(content, status_code, media_type=media_type)
+            if not is_body_allowed_for_status_code(response.status_code):
+                response.body = b""
+            return response
+
+        async def run(request: Request, answer: Callable[..., Any], arguments: dict[str, Any]) -> Response:
+            """The response of ``answer`` (the endpoint, or ``recover``), run
+            as FastAPI runs an endpoint; an ``HTTPException`` it raises is
+            answered by the app's handler, as a response it returned."""
+            try:
+                if inspect.iscoroutinefunction(answer):
+                    result = await answer(**arguments)
+                else:
+                    result = await run_in_threadpool(answer, **arguments)
+            except HTTPException as exc:
+                return await _exception_response(request, exc)
+            return await to_response(request, result)
 
         def record_of(response: Response) -> dict[str, Any] | None:
             """The response to store, or ``None`` when it has no body to keep
-            (a streaming response)."""
+            (a streaming response).  A body that is not UTF-8 text, or has a
+            NUL (jsonb has none), is kept as base64."""
             raw = getattr(response, "body", None)
             if not isinstance(raw, (bytes, memoryview)):
                 return None
             data = raw if isinstance(raw, bytes) else raw.tobytes()
-            headers = {k.lower(): v for k, v in response.headers.items() if k.lower() in keep}
+            record: dict[str, Any] = {"status": response.status_code, "headers": _header_record(response, keep)}
             try:
-                return {"status": response.status_code, "headers": headers, "text": data.decode()}
+                text = data.decode()
             except UnicodeDecodeError:
-                return {"status": response.status_code, "headers": headers,
-                        "base64": base64.b64encode(data).decode()}
+                text = "\0"
+            if "\0" in text:
+                record["base64"] = base64.b64encode(data).decode()
+            else:
+                record["text"] = text
+            return record
 
         def problem(p: Problem) -> Response:
             return problem_response(p, problem_type_base)
@@ -276,9 +370,6 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                 result = await result
             return result
 
-        async def unguarded(arguments: dict[str, Any]) -> Response:
-            return to_response(await endpoint(**arguments))
-
         async def route(**kwargs: Any) -> Response:
             request: Request = kwargs[own_request] if own_request else kwargs.pop(_REQUEST)
             c: AsyncCoordinator = kwargs.pop(_COORDINATOR)
@@ -290,7 +381,7 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                 if parsed.missing and not values and not required:
                     if takes_key:
                         arguments[key_param] = None
-                    return await unguarded(arguments)
+                    return await run(request, endpoint, arguments)
                 return problem(key_problem(parsed))
             key = parsed.key
             if takes_key:
@@ -310,7 +401,7 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                     _core.log.error("the store is unreachable (%s: %s): running %r for key %r without "
                                     "a claim (on_store_error=\"run\")", type(err).__name__, err, operation, key)
                     c._report(operation, key, "store_error")
-                    return await unguarded(arguments)
+                    return await run(request, endpoint, arguments)
                 record = None
                 if isinstance(err, InProgressError):
                     try:
@@ -329,16 +420,15 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             started = time.monotonic()
             try:
                 with _core.running(claim):
+                    answer: Callable[..., Any] = endpoint
                     if claim.status == "recover":
                         if recover is None:
                             await complete_not_stored(claim, "taken over with a checkpoint, and the "
                                                       "route has no recover=")
                             return problem(not_stored_problem(410))
-                        outcome: Awaitable[Any] = call(recover, claim.response, **arguments)
-                    else:
-                        outcome = endpoint(**arguments)
+                        answer = functools.partial(recover, claim.response)
                     try:
-                        response = to_response(await outcome)
+                        response = await run(request, answer, arguments)
                     except _Unsendable as err:
                         await complete_not_stored(claim, str(err))
                         return problem(not_stored_problem(500))
@@ -375,7 +465,8 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                                       f"1 to {max_key_length} characters); retries send the same key"
                                       + ("" if required else "; optional")))),
                 inspect.Parameter(_COORDINATOR, kw, default=Depends(dependency))],
-            return_annotation=Response)
+            # FastAPI infers the response model from it, as for the endpoint itself
+            return_annotation=returns)
         route.__name__ = endpoint.__name__
         route.__qualname__ = endpoint.__qualname__
         route.__doc__ = endpoint.__doc__

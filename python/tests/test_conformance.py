@@ -131,6 +131,8 @@ def make_app(db: str) -> FastAPI:
                             headers={"Location": f"/charges/{key}", "ETag": '"v1"'}, media_type="application/json")
         if body.answer == "throw":
             raise RuntimeError("the handler throws")
+        if body.answer == "empty":
+            return Response(status_code=204)
         if body.answer == "large":
             return Response(json_bytes({"id": f"ch_{key}", "padding": "x" * 70000}), 201,
                             media_type="application/json")

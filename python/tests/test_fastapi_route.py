@@ -9,8 +9,10 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 from conftest import arun, new_key, record_state
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException, Request
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 from test_async import open_pool
 
@@ -100,4 +102,141 @@ def test_own_checkpoint_needs_recover(admin: psycopg.Connection[Any], needs_1_4:
                 r = await client.post("/own", headers={"Idempotency-Key": key})
             assert r.status_code == 500 and "recover=" in refused[0]
             assert record_state(admin, operation, key) is None
+    arun(main())
+
+
+class UserIn(BaseModel):
+    name: str
+    password: str
+
+
+class UserOut(BaseModel):
+    name: str
+
+
+def answers_app(c: idem.AsyncCoordinator, ran: list[str]) -> FastAPI:
+    """Routes whose answers a plain FastAPI route would send alike."""
+    app = FastAPI()
+
+    @app.delete("/thing", status_code=204)
+    @idempotent_route(OP + ".204", coordinator=c)
+    async def delete(*, idempotency_key: str) -> None:
+        ran.append("204")
+
+    @app.post("/users", status_code=201, response_model=UserOut)
+    @idempotent_route(OP + ".users", coordinator=c)
+    async def users(user: UserIn, *, idempotency_key: str) -> Any:
+        ran.append("users")
+        return user
+
+    @app.post("/made", status_code=201)
+    @idempotent_route(OP + ".made", coordinator=c)
+    def made(user: UserOut, *, idempotency_key: str) -> UserOut:      # FastAPI's threadpool runs it
+        ran.append("made")
+        return user
+
+    @app.post("/bytes", status_code=201)
+    @idempotent_route(OP + ".bytes", coordinator=c, replay_headers=("Link", "Content-Type", "Location"))
+    async def raw(*, idempotency_key: str) -> Response:
+        ran.append("bytes")
+        response = Response(b"abc\x00def", 201)
+        response.headers.append("Link", "</a>; rel=a")
+        response.headers.append("Link", "</b>; rel=b")
+        response.headers.append("Location", "/bytes/1")
+        return response
+
+    @app.post("/declined")
+    @idempotent_route(OP + ".declined", coordinator=c)
+    async def declined(fail: int, *, idempotency_key: str) -> None:
+        ran.append("declined")
+        raise HTTPException(fail, "card declined")
+
+    @app.exception_handler(409)
+    async def conflict(request: Request, exc: HTTPException) -> Response:
+        return JSONResponse({"conflict": exc.detail}, 409)
+
+    return app
+
+
+def test_answers_as_fastapi(admin: psycopg.Connection[Any]) -> None:
+    """The route's status_code and response_model; a 204 without a body; a
+    sync endpoint; a body with a NUL; a repeated header; an HTTPException
+    of a status that is stored."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool) as c:
+            async with client_for(answers_app(c, ran)) as client:
+                async def twice(method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, httpx.Response]:
+                    headers = {"Idempotency-Key": new_key(path[1:])}
+                    first = await client.request(method, path, headers=headers, **kwargs)
+                    again = await client.request(method, path, headers=headers, **kwargs)
+                    assert "idempotent-replayed" not in first.headers
+                    assert again.headers.get("idempotent-replayed") == "true", again
+                    assert (again.status_code, again.content) == (first.status_code, first.content)
+                    return first, again
+
+                first, again = await twice("DELETE", "/thing")
+                assert (first.status_code, first.content) == (204, b"")
+                assert again.headers.get("content-type") == first.headers.get("content-type")
+                first, again = await twice("POST", "/users", json={"name": "n", "password": "secret"})
+                assert (first.status_code, first.json()) == (201, {"name": "n"})
+                first, again = await twice("POST", "/made", json={"name": "m"})
+                assert (first.status_code, first.json()) == (201, {"name": "m"})
+                first, again = await twice("POST", "/bytes")
+                assert first.content == b"abc\x00def" and "content-type" not in again.headers
+                for r in (first, again):
+                    assert r.headers.get_list("link") == ["</a>; rel=a", "</b>; rel=b"]
+                    assert r.headers["location"] == "/bytes/1"
+                first, again = await twice("POST", "/declined", params={"fail": 402})
+                assert first.status_code == 402 and first.json() == {"detail": "card declined"}
+                first, again = await twice("POST", "/declined", params={"fail": 409})
+                assert first.json() == {"conflict": "card declined"}
+                # a status that is not stored: released, the retry runs again
+                headers = {"Idempotency-Key": new_key("declined")}
+                for _ in range(2):
+                    r = await client.post("/declined", params={"fail": 503}, headers=headers)
+                    assert r.status_code == 503 and "idempotent-replayed" not in r.headers
+        assert sorted(ran) == ["204", "bytes", "declined", "declined", "declined", "declined", "made", "users"]
+    arun(main())
+
+
+def test_openapi_of_the_route() -> None:
+    """OpenAPI shows the route's status and its response model, as for a
+    plain route."""
+    app = FastAPI()
+
+    @app.post("/users", status_code=201, response_model=UserOut)
+    @idempotent_route(OP, coordinator=lambda: None)
+    async def users(user: UserIn, *, idempotency_key: str) -> Any:
+        return user
+
+    @app.post("/made", status_code=201)
+    @idempotent_route(OP, coordinator=lambda: None)
+    async def made(*, idempotency_key: str) -> UserOut:
+        return UserOut(name="m")
+
+    paths = app.openapi()["paths"]
+    for path in ("/users", "/made"):
+        responses = paths[path]["post"]["responses"]
+        assert list(responses) == ["201", "422"], responses
+        assert responses["201"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/UserOut"}
+
+
+def test_status_code_mismatch_is_refused(admin: psycopg.Connection[Any]) -> None:
+    """A status_code= of the route's that FastAPI's route does not declare
+    would answer another status than OpenAPI says: refused."""
+    async def main() -> None:
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool) as c:
+            app = FastAPI()
+
+            @app.post("/made")
+            @idempotent_route(OP + ".mismatch", coordinator=c, status_code=201)
+            async def made(*, idempotency_key: str) -> dict[str, Any]:
+                return {}
+
+            transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                with pytest.raises(TypeError, match="status_code"):
+                    await client.post("/made", headers={"Idempotency-Key": new_key("mismatch")})
     arun(main())
