@@ -21,8 +21,9 @@ is given.  Per request, in this order:
   claimed;
 - the fingerprint is made of what ``fingerprint`` names
   (``"charge.amount"``: the ``amount`` of the ``charge`` body), as the
-  client sent it: a body's value is read from the request's JSON, not from
-  the model that validated it (pydantic 1 turns ``42.5`` into ``42`` for an
+  client sent it: a body's value is read from the request's JSON (where
+  FastAPI reads the parameter, each field by its alias), not from the
+  model that validated it (pydantic 1 turns ``42.5`` into ``42`` for an
   ``int``); a value with no single text form (a fraction, an object) -> 400
   ``invalid-request``;
 - the key is claimed (:meth:`AsyncCoordinator.begin`, the external-call
@@ -67,7 +68,7 @@ from types import NoneType
 from typing import Any, cast
 
 import psycopg
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Request, params
 from fastapi.datastructures import DefaultPlaceholder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import Response
@@ -266,7 +267,6 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                                 f"{endpoint.__qualname__}")
         takes_key = key_param in names
         visible = [p for p in params if p.name != key_param]
-        body_params = [p.name for p in visible if _is_body(p)]
         kw = inspect.Parameter.KEYWORD_ONLY
         # FastAPI passes the request to one parameter: the endpoint's, if it has one
         own_request = next((p.name for p in visible if p.annotation is Request), None)
@@ -386,8 +386,9 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             key = parsed.key
             if takes_key:
                 arguments[key_param] = key
+            api = declared(request)
             try:
-                fp = make_fingerprint(*await _fingerprint_values(request, paths, kwargs, body_params))
+                fp = make_fingerprint(*await _fingerprint_values(request, paths, kwargs, api))
             except (TypeError, ValueError) as err:
                 return problem(Problem(400, "invalid-request", f"Invalid request: {err}."))
             # the checkpoint's state goes with the claim, recorded by its
@@ -503,53 +504,69 @@ async def _keep_pending(claim: AsyncClaim, why: str) -> None:
                             claim.key, claim.operation)
 
 
-def _is_body(p: inspect.Parameter) -> bool:
-    """Does FastAPI read this parameter from the request body?  A pydantic
-    model without a dependency, or a ``Body()``."""
-    kind = type(p.default).__name__
-    if kind in ("Body", "Form", "File", "Depends", "Security", "Query", "Path", "Header", "Cookie"):
-        return kind == "Body"
-    ann = p.annotation
-    return isinstance(ann, type) and (hasattr(ann, "model_fields") or hasattr(ann, "__fields__"))
-
-
-_MISSING = object()
+_NOT_SENT = object()
 
 
 async def _fingerprint_values(request: Request, paths: Sequence[tuple[str, ...]], kwargs: Mapping[str, Any],
-                              body_params: Sequence[str]) -> list[Any]:
-    """The fingerprinted values: a body parameter's as the client sent it
-    (the request's JSON), checked to have one text form; any other as the
-    endpoint gets it."""
-    raw: Any = _MISSING
+                              api: APIRoute) -> list[Any]:
+    """The fingerprinted values: a part of the JSON body as the client sent
+    it (the request's JSON, found as FastAPI finds the parameter in it,
+    each field by its alias), checked to have one text form; any other as
+    the endpoint gets it.  ``ValueError`` when the value sent cannot be
+    found: never the value pydantic converted."""
+    body_fields = {f.name: f for f in api.dependant.body_params if not isinstance(f.field_info, params.Form)}
+    raw: Any = _NOT_SENT
     out: list[Any] = []
     for path in paths:
-        value: Any = _MISSING
-        if path[0] in body_params:
-            if raw is _MISSING:
-                try:
-                    raw = json.loads(await request.body() or b"null")
-                except ValueError:
-                    raw = None
-            # one body parameter is the whole body; several are its members
-            node: Any = raw if len(body_params) == 1 else \
-                (cast(dict[str, Any], raw).get(path[0], _MISSING) if isinstance(raw, dict) else _MISSING)
-            for attr in path[1:]:
-                node = cast(dict[str, Any], node).get(attr, _MISSING) if isinstance(node, dict) else _MISSING
-            value = _sent_value(".".join(path), node)
-        if value is _MISSING:
-            value = kwargs[path[0]]
-            for attr in path[1:]:
-                value = cast(Mapping[str, Any], value)[attr] if isinstance(value, Mapping) else getattr(value, attr)
-        out.append(value)
+        value = kwargs[path[0]]
+        name = ".".join(path)
+        field = body_fields.get(path[0])
+        if field is None:
+            out.append(_core._path_value(value, path[1:]))
+            continue
+        if raw is _NOT_SENT:
+            try:
+                raw = json.loads(await request.body() or b"null")
+            except ValueError:
+                raw = None
+        # one body parameter is the whole body (unless embedded); several are its members
+        node: Any = raw if api.body_field is field else _member(name, raw, [field.alias])
+        for attr in path[1:]:
+            if node is _NOT_SENT or (node is None and value is None):
+                value = None if value is None else _core._path_value(value, (attr,))
+                continue
+            node = _member(name, node, _aliases(value, attr))
+            value = _core._path_value(value, (attr,))
+        out.append(value if node is _NOT_SENT else _sent_value(name, node))
     return out
+
+
+def _member(name: str, node: Any, keys: Sequence[str]) -> Any:
+    """The member of a JSON object the client sent under the first of
+    ``keys`` that it has (``_NOT_SENT``: none: the field's default);
+    ``ValueError`` when ``node`` is no object."""
+    if node is None:
+        return _NOT_SENT
+    if not isinstance(node, dict):
+        raise ValueError(f"the request's JSON has no object for {name}")
+    sent = cast(dict[str, Any], node)
+    return next((sent[k] for k in keys if k in sent), _NOT_SENT)
+
+
+def _aliases(value: object, attr: str) -> list[str]:
+    """The names a model's field ``attr`` may be sent under: its alias
+    (pydantic 1 or 2), then its name."""
+    model = type(value)
+    fields = cast(Mapping[str, Any], getattr(model, "model_fields", None) or getattr(model, "__fields__", None) or {})
+    alias = getattr(fields.get(attr), "alias", None)
+    return [alias, attr] if isinstance(alias, str) and alias != attr else [attr]
 
 
 def _sent_value(name: str, value: Any) -> Any:
     """A value of the request's JSON as the fingerprint takes it: a string, an
     integer (``42.0`` is ``42``), a boolean or null; ``ValueError`` for one
     with no single text form (``42.5``, an object, an array)."""
-    if value is _MISSING or value is None or isinstance(value, (str, bool, int)):
+    if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)

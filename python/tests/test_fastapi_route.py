@@ -5,14 +5,15 @@ checkpoint needs recover=, ..."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Optional, Union
 
 import httpx
 import psycopg
 import pytest
 from conftest import arun, new_key, record_state
-from fastapi import FastAPI, HTTPException, Request
-from pydantic import BaseModel
+from fastapi import Body, FastAPI, HTTPException, Request
+from pydantic import BaseModel, Field
 from starlette.responses import JSONResponse, Response
 from test_async import open_pool
 
@@ -239,4 +240,71 @@ def test_status_code_mismatch_is_refused(admin: psycopg.Connection[Any]) -> None
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
                 with pytest.raises(TypeError, match="status_code"):
                     await client.post("/made", headers={"Idempotency-Key": new_key("mismatch")})
+    arun(main())
+
+
+class Charge(BaseModel):
+    amount: int
+
+
+class Aliased(BaseModel):
+    amount: int = Field(alias="amountCents")
+
+
+class Other(BaseModel):
+    cents: int
+
+
+def test_values_as_sent(admin: psycopg.Connection[Any]) -> None:
+    """A fingerprinted body value is read as the client sent it however
+    FastAPI finds it (an embedded body, an alias, an Optional or a Union
+    body): 42.5 is refused, never fingerprinted as pydantic's 42."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool) as c:
+            app = FastAPI()
+
+            @app.post("/embed")
+            @idempotent_route(OP + ".embed", coordinator=c, fingerprint=("charge.amount",))
+            async def embed(charge: Charge = Body(embed=True), *, idempotency_key: str) -> dict[str, int]:
+                ran.append("embed")
+                return {"amount": charge.amount}
+
+            @app.post("/alias")
+            @idempotent_route(OP + ".alias", coordinator=c, fingerprint=("charge.amount",))
+            async def alias(charge: Aliased, *, idempotency_key: str) -> dict[str, int]:
+                ran.append("alias")
+                return {"amount": charge.amount}
+
+            @app.post("/optional")
+            @idempotent_route(OP + ".optional", coordinator=c, fingerprint=("charge.amount",))
+            async def optional(charge: Optional[Charge] = None, *, idempotency_key: str) -> dict[str, Any]:
+                ran.append("optional")
+                return {"amount": charge.amount if charge else None}
+
+            @app.post("/union")
+            @idempotent_route(OP + ".union", coordinator=c, fingerprint=("charge.amount",))
+            async def union(charge: Union[Charge, Other], *, idempotency_key: str) -> dict[str, Any]:
+                ran.append("union")
+                return {"amount": getattr(charge, "amount", None)}
+
+            sent: dict[str, Callable[[float], Any]] = {
+                "/embed": lambda amount: {"charge": {"amount": amount}},
+                "/alias": lambda amount: {"amountCents": amount},
+                "/optional": lambda amount: {"amount": amount},
+                "/union": lambda amount: {"amount": amount}}
+            async with client_for(app) as client:
+                for path, body in sent.items():
+                    headers = {"Idempotency-Key": new_key(path[1:])}
+                    r = await client.post(path, json=body(42.5), headers=headers)
+                    assert r.status_code == 400 and r.json()["type"] == TYPE + "invalid-request", (path, r.text)
+                    assert (await client.post(path, json=body(42), headers=headers)).status_code == 200
+                    replay = await client.post(path, json=body(42.0), headers=headers)
+                    assert replay.headers["idempotent-replayed"] == "true", path
+                    reuse = await client.post(path, json=body(43), headers=headers)
+                    assert reuse.status_code == 422, path
+                r = await client.post("/optional", headers={"Idempotency-Key": new_key("none")})
+                assert (r.status_code, r.json()) == (200, {"amount": None})
+        assert sorted(ran) == ["alias", "embed", "optional", "optional", "union"]
     arun(main())
