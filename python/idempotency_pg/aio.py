@@ -810,7 +810,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                         result = await _recover(claim, recover, args, kwargs)
                     else:
                         result = await _run_or_abort(claim, func, args, kwargs)
-                stored = await _store(claim, result)
+                stored = await _shielded(_store(claim, result))  # sync: stored = _store(claim, result)
             finally:
                 # a claim left pending: its connection is closed
                 await claim.abandon()
@@ -871,6 +871,27 @@ async def _complete_unstored(claim: AsyncClaim) -> NoReturn:
     raise not_stored
 
 
+# async {
+async def _shielded(awaitable: Awaitable[R]) -> R:
+    """``awaitable`` run to its end even if the calling task is cancelled
+    meanwhile (once the function has run, its result must be stored, or
+    recorded as not stored, before the claim's connection is let go); a
+    cancellation is raised once it has ended."""
+    task = asyncio.ensure_future(awaitable)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait([task])      # a cancelled wait leaves the task running
+        except asyncio.CancelledError as err:
+            cancelled = err
+    try:
+        return task.result()
+    finally:
+        if cancelled is not None:
+            raise cancelled
+
+
+# }
 async def _store(claim: AsyncClaim, result: Any) -> Any:
     """``claim.finish(result)`` after the function ran.  If the result cannot
     be stored, the claim gets a checkpoint (unless it has one), so that the

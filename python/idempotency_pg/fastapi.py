@@ -79,7 +79,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from . import _core
-from .aio import AsyncClaim, AsyncCoordinator, _unreachable
+from .aio import AsyncClaim, AsyncCoordinator, _shielded, _unreachable
 from .errors import IdempotencyError, InProgressError, LostClaimError
 from .fingerprint import fingerprint as make_fingerprint
 from .http import (PROBLEM_MEDIA_TYPE, Problem, json_bytes, key_problem, not_stored_problem,
@@ -364,6 +364,33 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                                     claim.key, operation)
                 await _keep_pending(claim, why)
 
+        async def conclude(claim: AsyncClaim, response: Response | _Unsendable, started: float) -> Response:
+            """What the request answers once the endpoint (or ``recover``) has
+            run: its response, stored unless its status says "try again"
+            (the claim is then given up); else the response-not-stored
+            answers."""
+            if isinstance(response, _Unsendable):
+                await complete_not_stored(claim, str(response))
+                return problem(not_stored_problem(500))
+            if not stored_status(response.status_code):
+                await _give_up(claim)
+                return response
+            stored = record_of(response)
+            if stored is None:
+                await complete_not_stored(claim, "a streaming response")
+                return response
+            try:
+                await claim.finish(stored)
+            except LostClaimError:
+                _core.log.error("the endpoint of %r ran for key %r, but the claim was taken over "
+                                "before its response was stored", operation, claim.key)
+                return problem(not_stored_problem(500))
+            except (IdempotencyError, psycopg.Error, TypeError, ValueError) as err:
+                await complete_not_stored(claim, f"{type(err).__name__}: {err}")
+                return response
+            durations.add(time.monotonic() - started)
+            return response
+
         async def call(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             result = func(*args, **kwargs)
             if inspect.isawaitable(result):
@@ -429,31 +456,15 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                             return problem(not_stored_problem(410))
                         answer = functools.partial(recover, claim.response)
                     try:
-                        response = await run(request, answer, arguments)
+                        response: Response | _Unsendable = await run(request, answer, arguments)
                     except _Unsendable as err:
-                        await complete_not_stored(claim, str(err))
-                        return problem(not_stored_problem(500))
+                        response = err
                     except BaseException:
                         await _give_up(claim)
                         raise
-                if not stored_status(response.status_code):
-                    await _give_up(claim)
-                    return response
-                stored = record_of(response)
-                if stored is None:
-                    await complete_not_stored(claim, "a streaming response")
-                    return response
-                try:
-                    await claim.finish(stored)
-                except LostClaimError:
-                    _core.log.error("the endpoint of %r ran for key %r, but the claim was taken over "
-                                    "before its response was stored", operation, key)
-                    return problem(not_stored_problem(500))
-                except (IdempotencyError, psycopg.Error, TypeError, ValueError) as err:
-                    await complete_not_stored(claim, f"{type(err).__name__}: {err}")
-                    return response
-                durations.add(time.monotonic() - started)
-                return response
+                # the endpoint has run: a cancellation of the request (a
+                # timeout) waits until its response is stored, or recorded
+                return await _shielded(conclude(claim, response, started))
             finally:
                 # a claim left pending: its connection is closed
                 await claim.abandon()
