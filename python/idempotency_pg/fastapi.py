@@ -352,17 +352,34 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             return {"status": 410, "headers": {"content-type": PROBLEM_MEDIA_TYPE},
                     "text": json_bytes(p.body(problem_type_base)).decode()}
 
-        async def complete_not_stored(claim: AsyncClaim, why: str) -> None:
+        async def complete_not_stored(claim: AsyncClaim, why: str, stored: dict[str, Any] | None = None) -> bool:
             """Complete the key with the 410 response-not-stored answer: the
-            endpoint ran (or may have), its response is not kept."""
+            endpoint ran (or may have), its response (``stored``) is not
+            kept.  If that answer cannot be stored either, the claim gets a
+            checkpoint saying so (unless it has one), so that the next
+            attempt gets 'recover', not 'new'; if the server refuses that
+            too, ``stored`` and the answer are stored in the background:
+            then ``True`` (docs/http.md)."""
             _core.log.error("the response of %r for key %r was not stored (%s): the key answers "
                             "410 response-not-stored", operation, claim.key, why)
+            answer = not_stored_record()
             try:
-                await claim.finish(not_stored_record())
-            except Exception:
+                await claim.finish(answer)
+                return False
+            except Exception as err:
                 _core.log.exception("could not store the response-not-stored answer for key %r of %r",
                                     claim.key, operation)
-                await _keep_pending(claim, why)
+                failed = err
+            if not claim.checkpointed:
+                try:
+                    await claim._rescue(_core.CHECKPOINT_SQL, claim._params(
+                        state=_core.to_json({"response_not_stored": {"error": why[:1000]}})))
+                    claim.checkpointed = True
+                    return False
+                except Exception as err:
+                    _core.log.exception("idem_checkpoint failed for key %r of %r", claim.key, operation)
+                    failed = err
+            return claim._store_later(failed, *([answer] if stored is None else [stored, answer]))
 
         async def conclude(claim: AsyncClaim, response: Response | _Unsendable, started: float) -> Response:
             """What the request answers once the endpoint (or ``recover``) has
@@ -386,7 +403,8 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                                 "before its response was stored", operation, claim.key)
                 return problem(not_stored_problem(500))
             except (IdempotencyError, psycopg.Error, TypeError, ValueError) as err:
-                await complete_not_stored(claim, f"{type(err).__name__}: {err}")
+                if await complete_not_stored(claim, f"{type(err).__name__}: {err}", stored):
+                    return problem(not_stored_problem(500, later=True))
                 return response
             durations.add(time.monotonic() - started)
             return response
@@ -499,20 +517,6 @@ async def _give_up(claim: AsyncClaim) -> None:
         await claim.abort()
     except Exception:  # the lease (or the session's end) releases it
         _core.log.exception("idem_abort failed for key %r of %r", claim.key, claim.operation)
-
-
-async def _keep_pending(claim: AsyncClaim, why: str) -> None:
-    """The last resort when nothing can be stored: a checkpoint saying so,
-    so that the next attempt gets 'recover' (and answers 410), not 'new'."""
-    if claim.checkpointed:
-        return
-    try:
-        await claim._rescue(_core.CHECKPOINT_SQL, claim._params(
-            state=_core.to_json({"response_not_stored": {"error": why[:1000]}})))
-        claim.checkpointed = True
-    except Exception:
-        _core.log.exception("idem_checkpoint failed for key %r of %r: after its lease the key runs again",
-                            claim.key, claim.operation)
 
 
 _NOT_SENT = object()

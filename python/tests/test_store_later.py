@@ -1,18 +1,22 @@
 """Once the function (or endpoint) has run, its result is stored: a
-cancellation during the finish waits for it (docs/http.md, "After the
-handler has run, never a second run")."""
+cancellation during the finish waits for it, and a database that refuses
+every write of the key gets it stored in the background, once it takes
+it (docs/http.md, "After the handler has run, never a second run")."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from conftest import arun, new_key
+from conftest import arun, await_for, new_key, record_state, wait_for
 from fastapi import FastAPI
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 from test_async import open_pool
 
 import idempotency_pg as idem
@@ -25,6 +29,70 @@ TABLES = ("idem_record", "idem_result")
 def record_tables(admin: psycopg.Connection[Any]) -> list[str]:
     """The tables the edition keeps records in (conftest.expire_completed)."""
     return [t for t in TABLES if admin.execute("SELECT to_regclass(%s) IS NOT NULL", (t,)).fetchone() == (True,)]
+
+
+def refuse_writes(admin: psycopg.Connection[Any], key: str) -> None:
+    """From now on, every write of ``key``'s record fails with 25006, as on
+    a read-only server (the conformance case's trigger)."""
+    admin.execute(sql.SQL(
+        "CREATE FUNCTION store_later_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.key = {} THEN RAISE EXCEPTION 'read-only' USING ERRCODE = 'read_only_sql_transaction';"
+        " END IF; RETURN NEW; END $$").format(sql.Literal(key)))
+    for table in record_tables(admin):
+        admin.execute(sql.SQL("CREATE TRIGGER store_later_refuse BEFORE INSERT OR UPDATE ON {} FOR EACH ROW"
+                              " EXECUTE FUNCTION store_later_refuse()").format(sql.Identifier(table)))
+
+
+@contextlib.contextmanager
+def writes_refused(admin: psycopg.Connection[Any]) -> Iterator[None]:
+    """Writes pass again at the end of the block (the trigger is dropped)."""
+    try:
+        yield
+    finally:
+        admin.execute("DROP FUNCTION IF EXISTS store_later_refuse() CASCADE")
+
+
+def test_async_result_stored_later(admin: psycopg.Connection[Any], needs_1_4: None) -> None:
+    ran: list[str] = []
+
+    async def main() -> None:
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool, takeover="session") as c:
+            @c.idempotent(OP + ".async")
+            async def charge(amount: int, *, idempotency_key: str | None) -> dict[str, int]:
+                ran.append("charge")
+                refuse_writes(admin, key)
+                return {"charged": amount}
+
+            key = new_key("async")
+            with writes_refused(admin):
+                with pytest.raises(idem.ResponseNotStoredError) as info:
+                    await charge(42, idempotency_key=key)
+                assert info.value.storing and not info.value.checkpointed
+                await asyncio.sleep(0.3)        # rounds refused meanwhile
+                assert record_state(admin, OP + ".async", key) == "pending"
+            await await_for("the result stored", lambda: record_state(admin, OP + ".async", key) == "completed")
+            assert await charge.outcome(42, idempotency_key=key) == idem.Outcome({"charged": 42}, True)
+        assert ran == ["charge"]
+    arun(main())
+
+
+def test_sync_result_stored_later(admin: psycopg.Connection[Any], needs_1_4: None) -> None:
+    ran: list[str] = []
+    with ConnectionPool("", min_size=1, max_size=2) as pool, idem.Coordinator(pool, takeover="session") as c:
+        @c.idempotent(OP + ".sync")
+        def charge(amount: int, *, idempotency_key: str | None) -> dict[str, int]:
+            ran.append("charge")
+            refuse_writes(admin, key)
+            return {"charged": amount}
+
+        key = new_key("sync")
+        with writes_refused(admin):
+            with pytest.raises(idem.ResponseNotStoredError) as info:
+                charge(42, idempotency_key=key)
+            assert info.value.storing
+        wait_for("the result stored", lambda: record_state(admin, OP + ".sync", key) == "completed")
+        assert charge.outcome(42, idempotency_key=key) == idem.Outcome({"charged": 42}, True)
+    assert ran == ["charge"]
 
 
 async def lock_records(conn: psycopg.AsyncConnection[Any], admin: psycopg.Connection[Any]) -> None:
