@@ -216,7 +216,8 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
     docs/http.md).  A value it returns is sent as FastAPI sends it, with
     the route's ``status_code``, ``response_model`` and ``response_class``
     (``@app.post(...)``'s); ``status_code`` here, if given, must be the
-    route's.  ``coordinator``: a FastAPI dependency
+    route's.  ``media_type``: the Content-Type of a replayed record with a
+    JSON ``"body"`` (written by SQL) that has none.  ``coordinator``: a FastAPI dependency
     returning the :class:`AsyncCoordinator` (such as
     :func:`state_coordinator`), or the coordinator.  ``problem_type_base``
     prefixes the problem types' slugs (default ``urn:idempotency:problem:``).
@@ -335,10 +336,10 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             data = raw if isinstance(raw, bytes) else raw.tobytes()
             record: dict[str, Any] = {"status": response.status_code, "headers": _header_record(response, keep)}
             try:
-                text = data.decode()
+                text: str | None = data.decode()
             except UnicodeDecodeError:
-                text = "\0"
-            if "\0" in text:
+                text = None
+            if text is None or "\0" in text:
                 record["base64"] = base64.b64encode(data).decode()
             else:
                 record["text"] = text
