@@ -279,16 +279,18 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             """FastAPI's route of this endpoint that serves ``request``
             (the app's routes are searched at the first request)."""
             if not routes:
-                routes.extend(r for r in request.app.router.routes
-                              if isinstance(r, APIRoute) and r.endpoint is route)
-                for r in routes:
+                found = [r for r in request.app.router.routes if isinstance(r, APIRoute) and r.endpoint is route]
+                for r in found:
                     if status_code is not None and r.status_code != status_code:
                         raise TypeError(f"the route of {operation!r} has status_code={status_code}, and its "
                                         f"FastAPI route {r.path} status_code={r.status_code}: declare it once, "
                                         "on the FastAPI route")
-            if len(routes) == 1:
-                return routes[0]
-            return next(r for r in routes if r.matches(request.scope)[0] == Match.FULL)
+                routes.extend(found)
+            for r in routes:
+                if len(routes) == 1 or r.matches(request.scope)[0] == Match.FULL:
+                    return r
+            raise RuntimeError(f"no route of the app has {endpoint.__qualname__} as its endpoint: declare it "
+                               "with @app.post(...) or an APIRouter's")
 
         async def to_response(request: Request, result: Any) -> Response:
             """The endpoint's response: as it returned it, or its value sent
