@@ -49,6 +49,11 @@ from .errors import (IdempotencyError, LostClaimError, RecoveryNeededError, Resp
 log = logging.getLogger("idempotency_pg")
 R = TypeVar("R")
 Row = tuple[Any, ...]
+# async {
+#: the tasks storing a response in the background (AsyncClaim._store_later):
+#: the event loop keeps only weak references to tasks
+_storing: set[asyncio.Task[None]] = set()
+# }
 
 
 async def _execute(conn: AsyncConnection[Any], sql: LiteralString, params: Any, prepare: bool | None,
@@ -237,6 +242,8 @@ class AsyncClaim(ClaimState):
         # set by the decorator without recover=: a checkpoint there would
         # leave every later attempt with 'recover' and nothing to answer it
         self._checkpoint_refusal: str | None = None
+        # its response is being stored in the background (_store_later)
+        self._storing = False
 
     async def _run(self, sql: LiteralString, params: Any) -> Row:
         prepare = self._coordinator.prepare
@@ -351,8 +358,64 @@ class AsyncClaim(ClaimState):
         closed: a ``'session'`` claim lapses now, a ``'lease'`` claim when
         its lease ends; the next attempt then gets ``'recover'`` if the
         claim has a checkpoint, else ``'new'``.  Nothing happens if the
-        claim has ended (finished, aborted) or is in-transaction."""
-        await self._let_go(close=True)
+        claim has ended (finished, aborted), is in-transaction, or has its
+        response stored in the background."""
+        if not self._storing:
+            await self._let_go(close=True)
+
+    def _refused_write(self, err: BaseException) -> bool:
+        """Did the server refuse a write of this held claim (``err`` has a
+        SQLSTATE, the claim's connection is alive, and the claim is still
+        ours: not IK412)?  A read-only server, a trigger, a lock timeout."""
+        held = self._held
+        return (_core.error_sqlstate(err) is not None and not isinstance(err, LostClaimError)
+                and held is not None and not held.closed and not held.broken)
+
+    def _store_later(self, err: BaseException, *responses: Any) -> bool:
+        """The last resort after the function ran and nothing about it
+        could be written (the last write failed with ``err``): when the
+        server refused that write, the claim stays pending on its
+        connection, and ``responses`` are stored in the background, in a
+        task (a thread for the synchronous API); returns whether they are.
+        Meanwhile a duplicate waits (or gets IK409) as for a running
+        attempt."""
+        if not self._refused_write(err):
+            return False
+        self._storing = True
+        log.error("the response of %r for key %r is not stored (%s: %s): the claim stays pending and it "
+                  "is stored in the background", self.operation, self.key, type(err).__name__, err)
+        # async {
+        task = asyncio.get_running_loop().create_task(self._store_until_stored(responses))
+        _storing.add(task)
+        task.add_done_callback(_storing.discard)
+        # }
+        # sync {
+        # threading.Thread(target=self._store_until_stored, args=(responses,), daemon=True).start()
+        # }
+        return True
+
+    async def _store_until_stored(self, responses: Sequence[Any]) -> None:
+        """Each round, after a delay from 100 ms doubling up to 5 s, the
+        first of ``responses`` that the server stores; until one is, the
+        claim is lost (IK412), or so is its connection."""
+        delay = 0.1
+        while True:
+            await asyncio.sleep(delay)  # sync: time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            for response in responses:
+                try:
+                    await self.finish(response)
+                except Exception as err:
+                    # an encoding error is the response's own: the next one is tried
+                    if self._refused_write(err) or isinstance(err, (TypeError, ValueError)):
+                        continue
+                    log.error("the response of %r for key %r cannot be stored (%s: %s): %s", self.operation,
+                              self.key, type(err).__name__, err, "another attempt took the key over"
+                              if isinstance(err, LostClaimError) else "the claim lapses with its connection")
+                    await self._let_go(close=not isinstance(err, LostClaimError))
+                    return
+                log.error("the response of %r for key %r is stored after all", self.operation, self.key)
+                return
 
 
 class AsyncCoordinator:
@@ -810,7 +873,7 @@ def idempotent(operation: str, *, coordinator: _core.Binding, fingerprint_params
                         result = await _recover(claim, recover, args, kwargs)
                     else:
                         result = await _run_or_abort(claim, func, args, kwargs)
-                stored = await _store(claim, result)
+                stored = await _shielded(_store(claim, result))  # sync: stored = _store(claim, result)
             finally:
                 # a claim left pending: its connection is closed
                 await claim.abandon()
@@ -871,10 +934,32 @@ async def _complete_unstored(claim: AsyncClaim) -> NoReturn:
     raise not_stored
 
 
+# async {
+async def _shielded(awaitable: Awaitable[R]) -> R:
+    """``awaitable`` run to its end even if the calling task is cancelled
+    meanwhile (once the function has run, its result must be stored, or
+    recorded as not stored, before the claim's connection is let go); a
+    cancellation is raised once it has ended."""
+    task = asyncio.ensure_future(awaitable)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait([task])      # a cancelled wait leaves the task running
+        except asyncio.CancelledError as err:
+            cancelled = err
+    try:
+        return task.result()
+    finally:
+        if cancelled is not None:
+            raise cancelled
+
+
+# }
 async def _store(claim: AsyncClaim, result: Any) -> Any:
     """``claim.finish(result)`` after the function ran.  If the result cannot
     be stored, the claim gets a checkpoint (unless it has one), so that the
-    next attempt is told, and the call fails loudly."""
+    next attempt is told, and the call fails loudly; if the server refuses
+    that too, the result is stored in the background."""
     try:
         return await claim.finish(result)
     except LostClaimError:
@@ -884,14 +969,17 @@ async def _store(claim: AsyncClaim, result: Any) -> Any:
     except Exception as err:
         assert claim.token is not None
         checkpointed = claim.checkpointed
+        storing = False
         if not checkpointed:
+            unstored = _core.unstored_state(err)
             try:
-                await claim._rescue(CHECKPOINT_SQL, claim._params(state=_core.to_json(_core.unstored_state(err))))
+                await claim._rescue(CHECKPOINT_SQL, claim._params(state=_core.to_json(unstored)))
                 checkpointed = claim.checkpointed = True
-            except Exception:
+            except Exception as failed:
                 log.exception("idem_checkpoint failed for key %r of %r", claim.key, claim.operation)
+                storing = claim._store_later(failed, result, unstored)
         not_stored = ResponseNotStoredError(claim.operation, claim.key, claim.token, result, err,
-                                            sqlstate=_core.error_sqlstate(err),
-                                            detail=_core.error_detail(err), checkpointed=checkpointed)
+                                            sqlstate=_core.error_sqlstate(err), detail=_core.error_detail(err),
+                                            checkpointed=checkpointed, storing=storing)
         log.error("%s", not_stored)
         raise not_stored from err

@@ -182,20 +182,28 @@ class ResponseNotStoredError(IdempotencyError):
     the failure's own checkpoint and the call has no ``recover=``: it
     completes the key with that record, and ``completed`` is true; every
     attempt after it, replaying the record, raises it the same way.
+    ``storing`` is true when the server refused even the checkpoint: the
+    claim stays pending and the result is stored in the background (a
+    retry gets it once it is).
     HTTP: 500 (a retry's: 410, docs/http.md's ``response-not-stored``)."""
 
     def __init__(self, operation: str, key: str, token: int | None, result: Any, cause: BaseException | str, *,
-                 sqlstate: str | None, detail: str | None, checkpointed: bool, completed: bool = False) -> None:
+                 sqlstate: str | None, detail: str | None, checkpointed: bool, completed: bool = False,
+                 storing: bool = False) -> None:
         if isinstance(cause, str):
             then = ("the key is completed with that answer: it never runs again" if completed else
                     "the key keeps that checkpoint: after its lease the next attempt gets 'recover' again")
             message = (f"the function of {operation!r} ran for key {key!r} in an earlier attempt, but its "
                        f"result was not stored ({cause}); {then}")
         else:
-            then = ("the claim is left pending with a checkpoint: the next attempt gets 'recover'"
-                    if checkpointed else
-                    "the claim is left pending WITHOUT a checkpoint (the server has no idem_checkpoint, or "
-                    "it failed): the next attempt after the lease gets 'new' and runs again")
+            if storing:
+                then = ("the claim stays pending and the result is stored in the background: a retry "
+                        "gets it once it is")
+            elif checkpointed:
+                then = "the claim is left pending with a checkpoint: the next attempt gets 'recover'"
+            else:
+                then = ("the claim is left pending WITHOUT a checkpoint (the server has no idem_checkpoint, "
+                        "or it failed): the next attempt after the lease gets 'new' and runs again")
             message = (f"the function of {operation!r} ran for key {key!r}, but its result was not "
                        f"stored ({type(cause).__name__}: {cause}); {then}")
         super().__init__(message, sqlstate=sqlstate, detail=detail)
@@ -205,6 +213,7 @@ class ResponseNotStoredError(IdempotencyError):
         self.result = result
         self.checkpointed = checkpointed
         self.completed = completed
+        self.storing = storing
 
 
 _BY_SQLSTATE: dict[str, type[IdempotencyError]] = {

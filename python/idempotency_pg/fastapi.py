@@ -7,8 +7,7 @@ contract of the packages") says -- the same table as the Node package.
 
     @app.post("/charges", status_code=201, responses=IDEMPOTENCY_RESPONSES)
     @idempotent_route("payment.charge", coordinator=state_coordinator("coordinator"),
-                      fingerprint=("charge.customer", "charge.amount", "charge.currency"),
-                      status_code=201)
+                      fingerprint=("charge.customer", "charge.amount", "charge.currency"))
     async def post_charge(charge: ChargeIn, *, idempotency_key: str) -> Response: ...
 
 The route is decorated where it is defined; its coordinator comes from a
@@ -22,22 +21,27 @@ is given.  Per request, in this order:
   claimed;
 - the fingerprint is made of what ``fingerprint`` names
   (``"charge.amount"``: the ``amount`` of the ``charge`` body), as the
-  client sent it: a body's value is read from the request's JSON, not from
-  the model that validated it (pydantic 1 turns ``42.5`` into ``42`` for an
+  client sent it: a body's value is read from the request's JSON (where
+  FastAPI reads the parameter, each field by its alias), not from the
+  model that validated it (pydantic 1 turns ``42.5`` into ``42`` for an
   ``int``); a value with no single text form (a fraction, an object) -> 400
   ``invalid-request``;
 - the key is claimed (:meth:`AsyncCoordinator.begin`, the external-call
   shape); ``'new'``: ``checkpoint(**arguments)`` is recorded if given, the
   endpoint runs (with the key as ``key_param`` if it takes it) and its
-  response -- a ``Response``, or a value sent as JSON with ``status_code``
-  -- is sent as it is (its background tasks run once, after it); it is
-  stored as ``{"status", "headers", "text"}`` (the body byte for byte, the
-  ``replay_headers``) unless its status is 5xx, 408, 425 or 429, which
-  release the claim (errors are not cached), as an exception does;
+  response -- a ``Response``, or a value sent as FastAPI's route sends it
+  (its ``status_code``, ``response_model``, ``response_class``), or what
+  the app's handler answers for an ``HTTPException`` -- is sent as it is
+  (its background tasks run once, after it); it is stored as ``{"status",
+  "headers", "text"}`` (the body byte for byte, or ``"base64"``; the
+  ``replay_headers``, a repeated one as an array) unless its status is
+  5xx, 408, 425 or 429, which release the claim (errors are not cached),
+  as an exception does;
 - ``'replay'``: the stored status, headers and body, plus
   ``Idempotent-Replayed: true``;
 - ``'recover'``: ``recover(state, **arguments)`` answers as the endpoint
-  would; a route without ``recover`` answers 410 ``response-not-stored``
+  would (when it fails, the claim keeps its checkpoint for the next
+  attempt); a route without ``recover`` answers 410 ``response-not-stored``
   and stores that answer (the key never stays stuck);
 - a response that cannot be stored (too large, a streaming body, the store
   lost while storing it) is sent once and the key completed with the 410
@@ -54,19 +58,28 @@ Never a second run once the endpoint has run.
 from __future__ import annotations
 
 import base64
+import functools
 import inspect
 import json
 import time
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import NoneType
 from typing import Any, cast
 
 import psycopg
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Request, params
+from fastapi.datastructures import DefaultPlaceholder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import Response
+from fastapi.routing import APIRoute, serialize_response
+from fastapi.utils import is_body_allowed_for_status_code
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
-from . import _core, encoding
-from .aio import AsyncClaim, AsyncCoordinator, _unreachable
+from . import _core
+from .aio import AsyncClaim, AsyncCoordinator, _shielded, _unreachable
 from .errors import IdempotencyError, InProgressError, LostClaimError
 from .fingerprint import fingerprint as make_fingerprint
 from .http import (PROBLEM_MEDIA_TYPE, Problem, json_bytes, key_problem, not_stored_problem,
@@ -122,21 +135,27 @@ def problem_response(problem: Problem, type_base: str | None = None) -> Response
 def stored_response(stored: Mapping[str, Any], replayed: bool, media_type: str = "application/json") -> Response:
     """A stored response: ``{"status", "headers", "text"}`` (or ``"base64"``,
     or a JSON ``"body"``, as an application's own ``idem_finish`` may write
-    it); a replay adds ``Idempotent-Replayed: true``."""
-    headers = {str(k): str(v) for k, v in cast(Mapping[Any, Any], stored.get("headers") or {}).items()}
-    if replayed:
-        headers["Idempotent-Replayed"] = "true"
+    it), with exactly the stored headers (a header sent more than once is
+    stored as an array of its values); a ``"body"`` without a Content-Type
+    gets ``media_type``.  A replay adds ``Idempotent-Replayed: true``."""
+    headers = cast(Mapping[str, str | list[str]], stored.get("headers") or {})
     if isinstance(stored.get("text"), str):
         content = stored["text"].encode()
     elif isinstance(stored.get("base64"), str):
         content = base64.b64decode(stored["base64"])
     elif stored.get("body") is not None:
         content = json_bytes(stored["body"])
+        if not any(name.lower() == "content-type" for name in headers):
+            headers = {**headers, "content-type": media_type}
     else:
         content = b""
-    if not any(k.lower() == "content-type" for k in headers) and content:
-        headers["Content-Type"] = media_type
-    return Response(content, int(stored["status"]), headers=headers)
+    response = Response(content, int(stored["status"]))
+    for name, value in headers.items():
+        for one in value if isinstance(value, list) else [value]:
+            response.headers.append(name, str(one))
+    if replayed:
+        response.headers.append("Idempotent-Replayed", "true")
+    return response
 
 
 class _Durations:
@@ -156,11 +175,33 @@ class _Durations:
 
 
 class _Unsendable(Exception):
-    """The endpoint's value cannot be encoded as JSON: there is no response to send."""
+    """The endpoint's value cannot be serialized: there is no response to send."""
+
+
+def _header_record(response: Response, keep: Sequence[str]) -> dict[str, str | list[str]]:
+    """The headers of ``response`` named in ``keep`` (lower case), as a
+    record keeps them: one value as a string, a header sent more than once
+    as the array of its values."""
+    values: dict[str, list[str]] = {}
+    for name, value in response.headers.items():
+        if name.lower() in keep:
+            values.setdefault(name.lower(), []).append(value)
+    return {name: v[0] if len(v) == 1 else v for name, v in values.items()}
+
+
+async def _exception_response(request: Request, exc: HTTPException) -> Response:
+    """What the app's handler for ``exc`` answers, found as Starlette finds
+    it (by status code, then by class); FastAPI's own without one."""
+    handlers: Mapping[Any, Callable[..., Any]] = request.app.exception_handlers
+    found = [handlers[k] for k in (exc.status_code, *type(exc).__mro__) if k in handlers]
+    response = found[0](request, exc) if found else http_exception_handler(request, exc)
+    if inspect.isawaitable(response):
+        response = await response
+    return cast(Response, response)
 
 
 def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable[..., Any],
-                     fingerprint: Sequence[str] = (), status_code: int = 200,
+                     fingerprint: Sequence[str] = (), status_code: int | None = None,
                      replay_headers: Sequence[str] = REPLAY_HEADERS, key_param: str = "idempotency_key",
                      header: str = "Idempotency-Key", max_key_length: int = 255,
                      problem_type_base: str | None = None, media_type: str = "application/json",
@@ -169,9 +210,14 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                      lease: _core.Duration = None, ttl: _core.Duration = None, takeover: str | None = None,
                      remember: _core.Duration = None, wait_timeout: _core.Duration = None,
                      on_store_error: str = "raise"
-                     ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Response]]]:
-    """Make an ``async def`` endpoint an Idempotency-Key route (the module's
-    docstring, docs/http.md).  ``coordinator``: a FastAPI dependency
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Response]]]:
+    """Make an endpoint (``async def``, or ``def``: run in FastAPI's
+    threadpool) an Idempotency-Key route (the module's docstring,
+    docs/http.md).  A value it returns is sent as FastAPI sends it, with
+    the route's ``status_code``, ``response_model`` and ``response_class``
+    (``@app.post(...)``'s); ``status_code`` here, if given, must be the
+    route's.  ``media_type``: the Content-Type of a replayed record with a
+    JSON ``"body"`` (written by SQL) that has none.  ``coordinator``: a FastAPI dependency
     returning the :class:`AsyncCoordinator` (such as
     :func:`state_coordinator`), or the coordinator.  ``problem_type_base``
     prefixes the problem types' slugs (default ``urn:idempotency:problem:``).
@@ -198,12 +244,14 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
     else:
         dependency = coordinator
     keep = tuple(h.lower() for h in replay_headers)
+    # without recover=, the endpoint's own checkpoints are refused
+    refusal = None if recover is not None else (
+        f"the endpoint of {operation!r} checkpoints its claim, but the route has no recover=: the "
+        "attempt that takes the key over would have nothing to answer 'recover' with; pass recover=")
     paths = tuple(tuple(name.split(".")) for name in fingerprint)
     durations = _Durations()
 
-    def decorate(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Response]]:
-        if not inspect.iscoroutinefunction(endpoint):
-            raise TypeError(f"{endpoint.__qualname__} must be an async def")
+    def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Response]]:
         try:
             hints = typing.get_type_hints(endpoint)
         except Exception:
@@ -211,40 +259,93 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
         params = [p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
                   for p in inspect.signature(endpoint).parameters.values()]
         names = {p.name for p in params}
+        returns = hints.get("return", inspect.Signature.empty)
+        if returns is NoneType:
+            returns = None
         for path in paths:
             if path[0] not in names:
                 raise TypeError(f"fingerprint parameter {'.'.join(path)!r} is not a parameter of "
                                 f"{endpoint.__qualname__}")
         takes_key = key_param in names
         visible = [p for p in params if p.name != key_param]
-        body_params = [p.name for p in visible if _is_body(p)]
         kw = inspect.Parameter.KEYWORD_ONLY
         # FastAPI passes the request to one parameter: the endpoint's, if it has one
         own_request = next((p.name for p in visible if p.annotation is Request), None)
         added = [] if own_request else [inspect.Parameter(_REQUEST, kw, annotation=Request)]
 
-        def to_response(result: Any) -> Response:
+        routes: list[APIRoute] = []
+
+        def declared(request: Request) -> APIRoute:
+            """FastAPI's route of this endpoint that serves ``request``
+            (the app's routes are searched at the first request)."""
+            if not routes:
+                found = [r for r in request.app.router.routes if isinstance(r, APIRoute) and r.endpoint is route]
+                for r in found:
+                    if status_code is not None and r.status_code != status_code:
+                        raise TypeError(f"the route of {operation!r} has status_code={status_code}, and its "
+                                        f"FastAPI route {r.path} status_code={r.status_code}: declare it once, "
+                                        "on the FastAPI route")
+                routes.extend(found)
+            for r in routes:
+                if len(routes) == 1 or r.matches(request.scope)[0] == Match.FULL:
+                    return r
+            raise RuntimeError(f"no route of the app has {endpoint.__qualname__} as its endpoint: declare it "
+                               "with @app.post(...) or an APIRouter's")
+
+        async def to_response(request: Request, result: Any) -> Response:
+            """The endpoint's response: as it returned it, or its value sent
+            as the route would send it (FastAPI's get_request_handler)."""
             if isinstance(result, Response):
                 return result
+            api = declared(request)
+            response_class: type[Response] = (api.response_class.value if isinstance(
+                api.response_class, DefaultPlaceholder) else api.response_class)
             try:
-                content = json_bytes(encoding.encode(result))
+                content = await serialize_response(
+                    field=api.response_field, response_content=result, include=api.response_model_include,
+                    exclude=api.response_model_exclude, by_alias=api.response_model_by_alias,
+                    exclude_unset=api.response_model_exclude_unset,
+                    exclude_defaults=api.response_model_exclude_defaults,
+                    exclude_none=api.response_model_exclude_none)
+                response = (response_class(content) if api.status_code is None
+                            else response_class(content, api.status_code))
             except (TypeError, ValueError) as err:
                 raise _Unsendable(f"{type(err).__name__}: {err}") from err
-            return Response(content, status_code, media_type=media_type)
+            if not is_body_allowed_for_status_code(response.status_code):
+                response.body = b""
+            return response
+
+        async def run(request: Request, answer: Callable[..., Any], arguments: dict[str, Any]) -> Response:
+            """The response of ``answer`` (the endpoint, or ``recover``), run
+            as FastAPI runs an endpoint; an ``HTTPException`` it raises is
+            answered by the app's handler, as a response it returned."""
+            try:
+                if inspect.iscoroutinefunction(answer):
+                    result = await answer(**arguments)
+                else:
+                    result = await run_in_threadpool(answer, **arguments)
+            except HTTPException as exc:
+                return await _exception_response(request, exc)
+            return await to_response(request, result)
 
         def record_of(response: Response) -> dict[str, Any] | None:
             """The response to store, or ``None`` when it has no body to keep
-            (a streaming response)."""
+            (a streaming response).  A body that is not UTF-8 text, or has a
+            NUL (jsonb has none), is kept as base64."""
             raw = getattr(response, "body", None)
             if not isinstance(raw, (bytes, memoryview)):
                 return None
             data = raw if isinstance(raw, bytes) else raw.tobytes()
-            headers = {k.lower(): v for k, v in response.headers.items() if k.lower() in keep}
+            record: dict[str, Any] = {"status": response.status_code, "headers": _header_record(response, keep)}
             try:
-                return {"status": response.status_code, "headers": headers, "text": data.decode()}
+                text: str | None = data.decode()
             except UnicodeDecodeError:
-                return {"status": response.status_code, "headers": headers,
-                        "base64": base64.b64encode(data).decode()}
+                text = None
+            if text is None or "\0" in text:
+                record["base64"] = base64.b64encode(data).decode()
+            else:
+                record["text"] = text
+            return record
 
         def problem(p: Problem) -> Response:
             return problem_response(p, problem_type_base)
@@ -254,26 +355,68 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             return {"status": 410, "headers": {"content-type": PROBLEM_MEDIA_TYPE},
                     "text": json_bytes(p.body(problem_type_base)).decode()}
 
-        async def complete_not_stored(claim: AsyncClaim, why: str) -> None:
+        async def complete_not_stored(claim: AsyncClaim, why: str, stored: dict[str, Any] | None = None) -> bool:
             """Complete the key with the 410 response-not-stored answer: the
-            endpoint ran (or may have), its response is not kept."""
+            endpoint ran (or may have), its response (``stored``) is not
+            kept.  If that answer cannot be stored either, the claim gets a
+            checkpoint saying so (unless it has one), so that the next
+            attempt gets 'recover', not 'new'; if the server refuses that
+            too, ``stored`` and the answer are stored in the background:
+            then ``True`` (docs/http.md)."""
             _core.log.error("the response of %r for key %r was not stored (%s): the key answers "
                             "410 response-not-stored", operation, claim.key, why)
+            answer = not_stored_record()
             try:
-                await claim.finish(not_stored_record())
-            except Exception:
+                await claim.finish(answer)
+                return False
+            except Exception as err:
                 _core.log.exception("could not store the response-not-stored answer for key %r of %r",
                                     claim.key, operation)
-                await _keep_pending(claim, why)
+                failed = err
+            if not claim.checkpointed:
+                try:
+                    await claim._rescue(_core.CHECKPOINT_SQL, claim._params(
+                        state=_core.to_json({"response_not_stored": {"error": why[:1000]}})))
+                    claim.checkpointed = True
+                    return False
+                except Exception as err:
+                    _core.log.exception("idem_checkpoint failed for key %r of %r", claim.key, operation)
+                    failed = err
+            return claim._store_later(failed, *([answer] if stored is None else [stored, answer]))
+
+        async def conclude(claim: AsyncClaim, response: Response | _Unsendable, started: float) -> Response:
+            """What the request answers once the endpoint (or ``recover``) has
+            run: its response, stored unless its status says "try again"
+            (the claim is then given up); else the response-not-stored
+            answers."""
+            if isinstance(response, _Unsendable):
+                await complete_not_stored(claim, str(response))
+                return problem(not_stored_problem(500))
+            if not stored_status(response.status_code):
+                await _give_up(claim)
+                return response
+            stored = record_of(response)
+            if stored is None:
+                await complete_not_stored(claim, "a streaming response")
+                return response
+            try:
+                await claim.finish(stored)
+            except LostClaimError:
+                _core.log.error("the endpoint of %r ran for key %r, but the claim was taken over "
+                                "before its response was stored", operation, claim.key)
+                return problem(not_stored_problem(500))
+            except (IdempotencyError, psycopg.Error, TypeError, ValueError) as err:
+                if await complete_not_stored(claim, f"{type(err).__name__}: {err}", stored):
+                    return problem(not_stored_problem(500, later=True))
+                return response
+            durations.add(time.monotonic() - started)
+            return response
 
         async def call(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             result = func(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
             return result
-
-        async def unguarded(arguments: dict[str, Any]) -> Response:
-            return to_response(await endpoint(**arguments))
 
         async def route(**kwargs: Any) -> Response:
             request: Request = kwargs[own_request] if own_request else kwargs.pop(_REQUEST)
@@ -286,13 +429,14 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                 if parsed.missing and not values and not required:
                     if takes_key:
                         arguments[key_param] = None
-                    return await unguarded(arguments)
+                    return await run(request, endpoint, arguments)
                 return problem(key_problem(parsed))
             key = parsed.key
             if takes_key:
                 arguments[key_param] = key
+            api = declared(request)
             try:
-                fp = make_fingerprint(*await _fingerprint_values(request, paths, kwargs, body_params))
+                fp = make_fingerprint(*await _fingerprint_values(request, paths, kwargs, api))
             except (TypeError, ValueError) as err:
                 return problem(Problem(400, "invalid-request", f"Invalid request: {err}."))
             # the checkpoint's state goes with the claim, recorded by its
@@ -306,7 +450,7 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                     _core.log.error("the store is unreachable (%s: %s): running %r for key %r without "
                                     "a claim (on_store_error=\"run\")", type(err).__name__, err, operation, key)
                     c._report(operation, key, "store_error")
-                    return await unguarded(arguments)
+                    return await run(request, endpoint, arguments)
                 record = None
                 if isinstance(err, InProgressError):
                     try:
@@ -321,43 +465,27 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                 return problem(p)
             if claim.status == "replay":
                 return stored_response(claim.response, True, media_type)
+            claim._checkpoint_refusal = refusal
             started = time.monotonic()
             try:
                 with _core.running(claim):
+                    answer: Callable[..., Any] = endpoint
                     if claim.status == "recover":
                         if recover is None:
                             await complete_not_stored(claim, "taken over with a checkpoint, and the "
                                                       "route has no recover=")
                             return problem(not_stored_problem(410))
-                        outcome: Awaitable[Any] = call(recover, claim.response, **arguments)
-                    else:
-                        outcome = endpoint(**arguments)
+                        answer = functools.partial(recover, claim.response)
                     try:
-                        response = to_response(await outcome)
+                        response: Response | _Unsendable = await run(request, answer, arguments)
                     except _Unsendable as err:
-                        await complete_not_stored(claim, str(err))
-                        return problem(not_stored_problem(500))
+                        response = err
                     except BaseException:
-                        await _release(claim)
+                        await _give_up(claim)
                         raise
-                if not stored_status(response.status_code):
-                    await _release(claim)
-                    return response
-                stored = record_of(response)
-                if stored is None:
-                    await complete_not_stored(claim, "a streaming response")
-                    return response
-                try:
-                    await claim.finish(stored)
-                except LostClaimError:
-                    _core.log.error("the endpoint of %r ran for key %r, but the claim was taken over "
-                                    "before its response was stored", operation, key)
-                    return problem(not_stored_problem(500))
-                except (IdempotencyError, psycopg.Error, TypeError, ValueError) as err:
-                    await complete_not_stored(claim, f"{type(err).__name__}: {err}")
-                    return response
-                durations.add(time.monotonic() - started)
-                return response
+                # the endpoint has run: a cancellation of the request (a
+                # timeout) waits until its response is stored, or recorded
+                return await _shielded(conclude(claim, response, started))
             finally:
                 # a claim left pending: its connection is closed
                 await claim.abandon()
@@ -370,7 +498,8 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                                       f"1 to {max_key_length} characters); retries send the same key"
                                       + ("" if required else "; optional")))),
                 inspect.Parameter(_COORDINATOR, kw, default=Depends(dependency))],
-            return_annotation=Response)
+            # FastAPI infers the response model from it, as for the endpoint itself
+            return_annotation=returns)
         route.__name__ = endpoint.__name__
         route.__qualname__ = endpoint.__qualname__
         route.__doc__ = endpoint.__doc__
@@ -380,75 +509,82 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
     return decorate
 
 
-async def _release(claim: AsyncClaim) -> None:
-    """``idem_abort``: the endpoint failed, its claim is released."""
+async def _give_up(claim: AsyncClaim) -> None:
+    """The endpoint (or ``recover``) failed: a new claim is released
+    (``idem_abort``); a ``'recover'`` claim is left pending with its
+    checkpoint (its connection is closed), so the next attempt gets
+    ``'recover'`` again."""
+    if claim.status == "recover":
+        return
     try:
         await claim.abort()
     except Exception:  # the lease (or the session's end) releases it
         _core.log.exception("idem_abort failed for key %r of %r", claim.key, claim.operation)
 
 
-async def _keep_pending(claim: AsyncClaim, why: str) -> None:
-    """The last resort when nothing can be stored: a checkpoint saying so,
-    so that the next attempt gets 'recover' (and answers 410), not 'new'."""
-    if claim.checkpointed:
-        return
-    try:
-        await claim._rescue(_core.CHECKPOINT_SQL, claim._params(
-            state=_core.to_json({"response_not_stored": {"error": why[:1000]}})))
-        claim.checkpointed = True
-    except Exception:
-        _core.log.exception("idem_checkpoint failed for key %r of %r: after its lease the key runs again",
-                            claim.key, claim.operation)
-
-
-def _is_body(p: inspect.Parameter) -> bool:
-    """Does FastAPI read this parameter from the request body?  A pydantic
-    model without a dependency, or a ``Body()``."""
-    kind = type(p.default).__name__
-    if kind in ("Body", "Form", "File", "Depends", "Security", "Query", "Path", "Header", "Cookie"):
-        return kind == "Body"
-    ann = p.annotation
-    return isinstance(ann, type) and (hasattr(ann, "model_fields") or hasattr(ann, "__fields__"))
-
-
-_MISSING = object()
+_NOT_SENT = object()
 
 
 async def _fingerprint_values(request: Request, paths: Sequence[tuple[str, ...]], kwargs: Mapping[str, Any],
-                              body_params: Sequence[str]) -> list[Any]:
-    """The fingerprinted values: a body parameter's as the client sent it
-    (the request's JSON), checked to have one text form; any other as the
-    endpoint gets it."""
-    raw: Any = _MISSING
+                              api: APIRoute) -> list[Any]:
+    """The fingerprinted values: a part of the JSON body as the client sent
+    it (the request's JSON, found as FastAPI finds the parameter in it,
+    each field by its alias), checked to have one text form; any other as
+    the endpoint gets it.  ``ValueError`` when the value sent cannot be
+    found: never the value pydantic converted."""
+    body_fields = {f.name: f for f in api.dependant.body_params if not isinstance(f.field_info, params.Form)}
+    raw: Any = _NOT_SENT
     out: list[Any] = []
     for path in paths:
-        value: Any = _MISSING
-        if path[0] in body_params:
-            if raw is _MISSING:
-                try:
-                    raw = json.loads(await request.body() or b"null")
-                except ValueError:
-                    raw = None
-            # one body parameter is the whole body; several are its members
-            node: Any = raw if len(body_params) == 1 else \
-                (cast(dict[str, Any], raw).get(path[0], _MISSING) if isinstance(raw, dict) else _MISSING)
-            for attr in path[1:]:
-                node = cast(dict[str, Any], node).get(attr, _MISSING) if isinstance(node, dict) else _MISSING
-            value = _sent_value(".".join(path), node)
-        if value is _MISSING:
-            value = kwargs[path[0]]
-            for attr in path[1:]:
-                value = cast(Mapping[str, Any], value)[attr] if isinstance(value, Mapping) else getattr(value, attr)
-        out.append(value)
+        value = kwargs[path[0]]
+        name = ".".join(path)
+        field = body_fields.get(path[0])
+        if field is None:
+            out.append(_core._path_value(value, path[1:]))
+            continue
+        if raw is _NOT_SENT:
+            try:
+                raw = json.loads(await request.body() or b"null")
+            except ValueError:
+                raw = None
+        # one body parameter is the whole body (unless embedded); several are its members
+        node: Any = raw if api.body_field is field else _member(name, raw, [field.alias])
+        for attr in path[1:]:
+            if node is _NOT_SENT or (node is None and value is None):
+                value = None if value is None else _core._path_value(value, (attr,))
+                continue
+            node = _member(name, node, _aliases(value, attr))
+            value = _core._path_value(value, (attr,))
+        out.append(value if node is _NOT_SENT else _sent_value(name, node))
     return out
+
+
+def _member(name: str, node: Any, keys: Sequence[str]) -> Any:
+    """The member of a JSON object the client sent under the first of
+    ``keys`` that it has (``_NOT_SENT``: none: the field's default);
+    ``ValueError`` when ``node`` is no object."""
+    if node is None:
+        return _NOT_SENT
+    if not isinstance(node, dict):
+        raise ValueError(f"the request's JSON has no object for {name}")
+    sent = cast(dict[str, Any], node)
+    return next((sent[k] for k in keys if k in sent), _NOT_SENT)
+
+
+def _aliases(value: object, attr: str) -> list[str]:
+    """The names a model's field ``attr`` may be sent under: its alias
+    (pydantic 1 or 2), then its name."""
+    model = type(value)
+    fields = cast(Mapping[str, Any], getattr(model, "model_fields", None) or getattr(model, "__fields__", None) or {})
+    alias = getattr(fields.get(attr), "alias", None)
+    return [alias, attr] if isinstance(alias, str) and alias != attr else [attr]
 
 
 def _sent_value(name: str, value: Any) -> Any:
     """A value of the request's JSON as the fingerprint takes it: a string, an
     integer (``42.0`` is ``42``), a boolean or null; ``ValueError`` for one
     with no single text form (``42.5``, an object, an array)."""
-    if value is _MISSING or value is None or isinstance(value, (str, bool, int)):
+    if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)

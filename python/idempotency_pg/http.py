@@ -40,9 +40,9 @@ TITLES: dict[str, str] = {
     "idempotency-key-missing": "Idempotency-Key is missing",
     "idempotency-key-malformed": "Idempotency-Key is malformed",
     "idempotency-key-reused": "Idempotency-Key is already used",
-    "idempotency-key-expired": "Idempotency-Key has expired",
+    "idempotency-key-expired": "The response for this Idempotency-Key has expired",
     "request-in-progress": "A request is outstanding for this Idempotency-Key",
-    "response-not-stored": "The response of this request was not stored",
+    "response-not-stored": "The response for this Idempotency-Key was not stored",
     "invalid-request": "Invalid request",
     "internal-error": "Internal error",
     "service-unavailable": "Service unavailable",
@@ -175,13 +175,17 @@ def problem_for(err: BaseException, retry_after_s: int = 1) -> Problem | None:
     return None
 
 
-def not_stored_problem(status: int) -> Problem:
+def not_stored_problem(status: int, *, later: bool = False) -> Problem:
     """``response-not-stored``: 410 for a key whose request ran (or may have)
     and whose response is not kept, which is what every retry gets; 500 for
-    the attempt that could not send or store it."""
+    the attempt that could not send or store it, or (``later``) whose
+    response is stored in the background once the database takes it."""
     if status == 410:
         detail = ("A request with this Idempotency-Key was processed, but its response was not "
                   "stored. It will not run again: look up its result, or use a new key for a new request.")
+    elif later:
+        detail = ("This request was processed, but its response is not stored yet. It will not run "
+                  "again; a retry with the same key gets its response.")
     else:
         detail = ("This request was processed, but its response could not be sent or stored. It "
                   "will not run again; a retry with the same key gets 410.")

@@ -31,7 +31,7 @@ from starlette.responses import Response
 
 import idempotency_pg as idem
 from idempotency_pg.fastapi import idempotent_route
-from idempotency_pg.http import json_bytes
+from idempotency_pg.http import TITLES, json_bytes
 
 CASES_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "test", "http", "cases.json")
 with open(CASES_FILE, encoding="utf-8") as f:
@@ -131,6 +131,8 @@ def make_app(db: str) -> FastAPI:
                             headers={"Location": f"/charges/{key}", "ETag": '"v1"'}, media_type="application/json")
         if body.answer == "throw":
             raise RuntimeError("the handler throws")
+        if body.answer == "empty":
+            return Response(status_code=204)
         if body.answer == "large":
             return Response(json_bytes({"id": f"ch_{key}", "padding": "x" * 70000}), 201,
                             media_type="application/json")
@@ -216,6 +218,7 @@ def check(s: Served, r: httpx.Response, expect: dict[str, Any], what: str) -> No
         assert r.headers.get("content-type", "").split(";")[0].strip() == expect["content_type"], where
     if "problem" in expect:
         assert r.json()["type"] == BASE + expect["problem"], where
+        assert r.json()["title"] == CASES["titles"][expect["problem"]], where
     for member in expect.get("problem_members", []):
         assert member in r.json(), where
     if "body_text" in expect:
@@ -225,6 +228,11 @@ def check(s: Served, r: httpx.Response, expect: dict[str, Any], what: str) -> No
     if "retry_after" in expect:
         low, high = expect["retry_after"]
         assert low <= int(r.headers["retry-after"]) <= high, where
+
+
+def test_titles() -> None:
+    """Every problem type's title is the one both packages answer with."""
+    assert TITLES == CASES["titles"]
 
 
 def poll(what: str, s: Served, query: str, params: tuple[Any, ...], at_least: int) -> None:

@@ -55,9 +55,9 @@ def make_app(coordinator: idem.AsyncCoordinator, gate: asyncio.Event, calls: lis
         c: idem.AsyncCoordinator = request.app.state.coordinator
         return c
 
-    @app.post("/made")
+    @app.post("/made", status_code=201)
     @idempotent_route("http.made", coordinator=coordinator_of, fingerprint=("item.name",),
-                      status_code=201, in_flight="raise", lease=timedelta(seconds=40))
+                      in_flight="raise", lease=timedelta(seconds=40))
     async def made(item: Item = Depends()) -> Made:
         calls.append(item.name)
         if item.name == "slow":

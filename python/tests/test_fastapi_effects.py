@@ -63,7 +63,7 @@ def make_app(ran: list[str], tasks: list[str]) -> FastAPI:
     @idempotent_route(OP + ".unencodable", coordinator=coordinator)
     async def unencodable(*, idempotency_key: str) -> Any:
         ran.append(idempotency_key)
-        return {"tags": {"a", "b"}}      # a set has no JSON form
+        return {"ratio": float("nan")}      # NaN has no JSON form
 
     return app
 

@@ -1,0 +1,170 @@
+"""Once the function (or endpoint) has run, its result is stored: a
+cancellation during the finish waits for it, and a database that refuses
+every write of the key gets it stored in the background, once it takes
+it (docs/http.md, "After the handler has run, never a second run")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from conftest import arun, await_for, new_key, record_state, wait_for
+from fastapi import FastAPI
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+from test_async import open_pool
+
+import idempotency_pg as idem
+from idempotency_pg.fastapi import idempotent_route
+
+OP = "store.later"
+TABLES = ("idem_record", "idem_result")
+
+
+def record_tables(admin: psycopg.Connection[Any]) -> list[str]:
+    """The tables the edition keeps records in (conftest.expire_completed)."""
+    return [t for t in TABLES if admin.execute("SELECT to_regclass(%s) IS NOT NULL", (t,)).fetchone() == (True,)]
+
+
+def refuse_writes(admin: psycopg.Connection[Any], key: str) -> None:
+    """From now on, every write of ``key``'s record fails with 25006, as on
+    a read-only server (the conformance case's trigger)."""
+    admin.execute(sql.SQL(
+        "CREATE FUNCTION store_later_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.key = {} THEN RAISE EXCEPTION 'read-only' USING ERRCODE = 'read_only_sql_transaction';"
+        " END IF; RETURN NEW; END $$").format(sql.Literal(key)))
+    for table in record_tables(admin):
+        admin.execute(sql.SQL("CREATE TRIGGER store_later_refuse BEFORE INSERT OR UPDATE ON {} FOR EACH ROW"
+                              " EXECUTE FUNCTION store_later_refuse()").format(sql.Identifier(table)))
+
+
+@contextlib.contextmanager
+def writes_refused(admin: psycopg.Connection[Any]) -> Iterator[None]:
+    """Writes pass again at the end of the block (the trigger is dropped)."""
+    try:
+        yield
+    finally:
+        admin.execute("DROP FUNCTION IF EXISTS store_later_refuse() CASCADE")
+
+
+def test_async_result_stored_later(admin: psycopg.Connection[Any], needs_1_4: None) -> None:
+    ran: list[str] = []
+
+    async def main() -> None:
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool, takeover="session") as c:
+            @c.idempotent(OP + ".async")
+            async def charge(amount: int, *, idempotency_key: str | None) -> dict[str, int]:
+                ran.append("charge")
+                refuse_writes(admin, key)
+                return {"charged": amount}
+
+            key = new_key("async")
+            with writes_refused(admin):
+                with pytest.raises(idem.ResponseNotStoredError) as info:
+                    await charge(42, idempotency_key=key)
+                assert info.value.storing and not info.value.checkpointed
+                await asyncio.sleep(0.3)        # rounds refused meanwhile
+                assert record_state(admin, OP + ".async", key) == "pending"
+            await await_for("the result stored", lambda: record_state(admin, OP + ".async", key) == "completed")
+            assert await charge.outcome(42, idempotency_key=key) == idem.Outcome({"charged": 42}, True)
+        assert ran == ["charge"]
+    arun(main())
+
+
+def test_sync_result_stored_later(admin: psycopg.Connection[Any], needs_1_4: None) -> None:
+    ran: list[str] = []
+    with ConnectionPool("", min_size=1, max_size=2) as pool, idem.Coordinator(pool, takeover="session") as c:
+        @c.idempotent(OP + ".sync")
+        def charge(amount: int, *, idempotency_key: str | None) -> dict[str, int]:
+            ran.append("charge")
+            refuse_writes(admin, key)
+            return {"charged": amount}
+
+        key = new_key("sync")
+        with writes_refused(admin):
+            with pytest.raises(idem.ResponseNotStoredError) as info:
+                charge(42, idempotency_key=key)
+            assert info.value.storing
+        wait_for("the result stored", lambda: record_state(admin, OP + ".sync", key) == "completed")
+        assert charge.outcome(42, idempotency_key=key) == idem.Outcome({"charged": 42}, True)
+    assert ran == ["charge"]
+
+
+async def lock_records(conn: psycopg.AsyncConnection[Any], admin: psycopg.Connection[Any]) -> None:
+    """Hold up every finish until ``conn`` ends its transaction."""
+    for table in record_tables(admin):
+        await conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(sql.Identifier(table)))
+
+
+def test_async_cancelled_during_the_finish(admin: psycopg.Connection[Any]) -> None:
+    """A caller's timeout that cancels the call while its result is stored
+    waits for the finish: the next call replays, the function ran once."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        ready = asyncio.Event()
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool, takeover="session") as c, \
+                await psycopg.AsyncConnection.connect("") as locker:
+            @c.idempotent(OP + ".cancel")
+            async def charge(amount: int, *, idempotency_key: str | None) -> dict[str, int]:
+                ran.append("charge")
+                ready.set()
+                await asyncio.sleep(0.2)
+                return {"charged": amount}
+
+            key = new_key("cancel")
+            call = asyncio.ensure_future(asyncio.wait_for(charge(42, idempotency_key=key), 0.5))
+            await ready.wait()
+            await lock_records(locker, admin)
+            await asyncio.sleep(0.8)            # the timeout fired during the finish
+            await locker.rollback()
+            with pytest.raises(asyncio.TimeoutError):
+                await call
+            assert await charge.outcome(42, idempotency_key=key) == idem.Outcome({"charged": 42}, True)
+        assert ran == ["charge"]
+    arun(main())
+
+
+def test_route_cancelled_during_the_finish(admin: psycopg.Connection[Any]) -> None:
+    """The same for a FastAPI route under a timeout middleware."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        ready = asyncio.Event()
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool, takeover="session") as c, \
+                await psycopg.AsyncConnection.connect("") as locker:
+            app = FastAPI()
+
+            @app.post("/charge", status_code=201)
+            @idempotent_route(OP + ".route", coordinator=c)
+            async def charge(*, idempotency_key: str) -> dict[str, bool]:
+                ran.append("charge")
+                ready.set()
+                await asyncio.sleep(0.2)
+                return {"charged": True}
+
+            async def timeout(scope: Any, receive: Any, send: Any) -> None:
+                try:
+                    await asyncio.wait_for(app(scope, receive, send), 0.5)
+                except asyncio.TimeoutError:
+                    await send({"type": "http.response.start", "status": 504, "headers": []})
+                    await send({"type": "http.response.body", "body": b"timeout"})
+
+            key = new_key("route")
+            transport = httpx.ASGITransport(app=timeout)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                first = asyncio.ensure_future(client.post("/charge", headers={"Idempotency-Key": key}))
+                await ready.wait()
+                await lock_records(locker, admin)
+                await asyncio.sleep(0.8)
+                await locker.rollback()
+                assert (await first).status_code == 504
+                again = await client.post("/charge", headers={"Idempotency-Key": key})
+            assert (again.status_code, again.headers["idempotent-replayed"]) == (201, "true")
+        assert ran == ["charge"]
+    arun(main())
