@@ -88,7 +88,10 @@ from .http import (PROBLEM_MEDIA_TYPE, Problem, json_bytes, key_problem, not_sto
 __all__ = ["idempotent_route", "state_coordinator", "problem_response", "stored_response",
            "IDEMPOTENCY_RESPONSES", "PROBLEM_MEDIA_TYPE", "REPLAY_HEADERS", "stored_status"]
 
-REPLAY_HEADERS = ("Location", "ETag", "Content-Type")
+REPLAY_HEADERS = ("Location", "ETag")
+#: kept with every response, whatever ``replay_headers`` says: what the
+#: stored bytes are, and what they were chosen by
+BODY_HEADERS = ("content-type", "content-encoding", "vary")
 
 _REQUEST, _COORDINATOR, _HEADER = "_idem_request", "_idem_coordinator", "_idem_header"
 
@@ -243,7 +246,7 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
         dependency: Callable[..., Any] = given_coordinator
     else:
         dependency = coordinator
-    keep = tuple(h.lower() for h in replay_headers)
+    keep = tuple(dict.fromkeys([*(h.lower() for h in replay_headers), *BODY_HEADERS]))
     # without recover=, the endpoint's own checkpoints are refused
     refusal = None if recover is not None else (
         f"the endpoint of {operation!r} checkpoints its claim, but the route has no recover=: the "

@@ -5,6 +5,7 @@ checkpoint needs recover=, ..."""
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -146,6 +147,13 @@ def answers_app(c: idem.AsyncCoordinator, ran: list[str]) -> FastAPI:
         response.headers.append("Location", "/bytes/1")
         return response
 
+    @app.post("/gzipped")
+    @idempotent_route(OP + ".gzipped", coordinator=c, replay_headers=("Location",))
+    async def gzipped(*, idempotency_key: str) -> Response:
+        ran.append("gzipped")
+        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+        return Response(gzip.compress(b'{"id":1}'), 200, headers, media_type="application/json")
+
     @app.post("/declined")
     @idempotent_route(OP + ".declined", coordinator=c)
     async def declined(fail: int, *, idempotency_key: str) -> None:
@@ -189,6 +197,11 @@ def test_answers_as_fastapi(admin: psycopg.Connection[Any]) -> None:
                 for r in (first, again):
                     assert r.headers.get_list("link") == ["</a>; rel=a", "</b>; rel=b"]
                     assert r.headers["location"] == "/bytes/1"
+                # what the stored bytes are is kept whatever replay_headers says
+                first, again = await twice("POST", "/gzipped")
+                for r in (first, again):
+                    assert (r.headers["content-encoding"], r.headers["vary"]) == ("gzip", "Accept-Encoding")
+                    assert r.headers["content-type"] == "application/json" and r.json() == {"id": 1}
                 first, again = await twice("POST", "/declined", params={"fail": 402})
                 assert first.status_code == 402 and first.json() == {"detail": "card declined"}
                 first, again = await twice("POST", "/declined", params={"fail": 409})
@@ -198,7 +211,8 @@ def test_answers_as_fastapi(admin: psycopg.Connection[Any]) -> None:
                 for _ in range(2):
                     r = await client.post("/declined", params={"fail": 503}, headers=headers)
                     assert r.status_code == 503 and "idempotent-replayed" not in r.headers
-        assert sorted(ran) == ["204", "bytes", "declined", "declined", "declined", "declined", "made", "users"]
+        assert sorted(ran) == ["204", "bytes", "declined", "declined", "declined", "declined", "gzipped", "made",
+                               "users"]
     arun(main())
 
 
