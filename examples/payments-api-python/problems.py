@@ -24,14 +24,15 @@ PROBLEM_TYPES: dict[str, dict[str, str]] = {
     "idempotency-key-malformed": {
         "title": "Idempotency-Key is malformed",
         "doc": "The Idempotency-Key header must be one quoted string (RFC 8941 String) of 1 to 255 "
-               "printable ASCII characters."},
+               "printable ASCII characters, or the same characters unquoted without spaces, quotes, "
+               "backslashes, commas or semicolons."},
     "idempotency-key-reused": {
         "title": "Idempotency-Key is already used",
         "doc": "This operation is idempotent and it requires correct usage of Idempotency Key. "
                "Idempotency Key MUST not be reused across different payloads of this operation. "
                "The request fingerprint covers customer, amount and currency."},
     "idempotency-key-expired": {
-        "title": "Idempotency-Key has expired",
+        "title": "The response for this Idempotency-Key has expired",
         "doc": "A request with this Idempotency-Key was completed, and its response is no longer kept. "
                "It will not run again: use a new key for a new request."},
     "request-in-progress": {
