@@ -2,9 +2,9 @@
 // What the middleware holds back, stores and replays of the responses a
 // handler sends: headers given to writeHead as arrays, a header sent more
 // than once, a response without a Content-Type, one a compression after
-// the middleware encoded, and a handler that fails after (or while) it
-// answers, with express's own error handler.  Real HTTP on 127.0.0.1 (raw
-// header lines) and a real server.
+// the middleware encoded, one that changes its head after a write, and a
+// handler that fails after (or while) it answers, with express's own error
+// handler.  Real HTTP on 127.0.0.1 (raw header lines) and a real server.
 
 const assert = require('node:assert/strict');
 const http = require('node:http');
@@ -63,6 +63,12 @@ const ROUTES = {
 		res.write('ans');
 		res.end('wered');
 		next(new Error('audit log failed'));
+	},
+	// the status changed after a write: Node sends the first head, 200
+	'write-then-status': (req, res) => {
+		res.write('part1-');
+		res.statusCode = 201;
+		res.end('part2');
 	},
 	// fails midway: a partial body, then express's error page
 	'write-then-throw': (req, res) => {
@@ -194,6 +200,20 @@ test('a handler that fails after its answer: the answer is sent as it was ended,
 		assert.deepEqual(replay.header('idempotent-replayed'), ['true']);
 		assert.equal(runs.get(key), 1);
 	}
+});
+
+test('a head changed after a write: the first head and the whole body, as Node sends them, stored and replayed', async () => {
+	const { key, first, replay } = await twice('write-then-status');
+	for (const r of [first, replay]) {
+		assert.equal(r.status, 200);
+		assert.deepEqual(r.header('content-length'), ['11']);
+		assert.equal(r.body.toString(), 'part1-part2');
+	}
+	assert.deepEqual(replay.header('idempotent-replayed'), ['true']);
+	const { rows } = await s.db.query('SELECT response FROM idem_inspect($1, $2)', ['responses.write-then-status', key]);
+	assert.equal(rows[0].response.status, 200);
+	assert.equal(rows[0].response.text, 'part1-part2');
+	assert.equal(runs.get(key), 1);
 });
 
 test('a handler that fails after a partial write: express\'s error page alone, well formed, not stored', async () => {
