@@ -328,6 +328,13 @@ class IdempotentRoute {
 		this.expected = null;
 		const checkKey = idempotencyKey({ header, required, problemType: this.typeOf });
 		this.handler = (req, res, next) => {
+			if (req.method === 'HEAD') {
+				// safe by definition (express serves it through app.get routes):
+				// no idempotency, nothing claimed, the handler's own headers
+				req.idempotencyKey = null;
+				req.idempotency = null;
+				return next();
+			}
 			checkKey(req, res, (err) => {
 				if (err) {
 					return next(err);

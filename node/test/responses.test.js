@@ -4,7 +4,7 @@
 // than once, a response without a Content-Type, one a compression after
 // the middleware encoded, one that changes its head after a write, and a
 // handler that fails after (or while) it answers, with express's own error
-// handler.  Real HTTP on 127.0.0.1 (raw header lines) and a real server.
+// handler; a HEAD, which passes without idempotency.  Real HTTP on 127.0.0.1 (raw header lines) and a real server.
 
 const assert = require('node:assert/strict');
 const http = require('node:http');
@@ -94,6 +94,12 @@ before(async () => {
 				return handler(req, res, next);
 			});
 	}
+	// express serves a HEAD through it too
+	app.get('/resource', idem.middleware({ operation: 'responses.resource' }), (req, res) => {
+		const key = req.get('Idempotency-Key');
+		runs.set(key, (runs.get(key) ?? 0) + 1);
+		res.type('text').send('resource body');
+	});
 	await new Promise((resolve) => { server = app.listen(0, '127.0.0.1', resolve); });
 });
 
@@ -102,14 +108,14 @@ after(async () => {
 	await s?.drop();
 });
 
-// POST to the route with the key -> { status, lines (the header lines,
-// [name lower case, value]), header(name) (the values), body (bytes) };
-// rejects on a malformed message
-function post(route, key) {
+// A request (POST unless `method` says) to the route with the key ->
+// { status, lines (the header lines, [name lower case, value]),
+// header(name) (the values), body (bytes) }; rejects on a malformed message
+function post(route, key, method = 'POST') {
 	return new Promise((resolve, reject) => {
 		const req = http.request({
-			host: '127.0.0.1', port: server.address().port, method: 'POST', path: `/${route}`, agent: false,
-			headers: { 'Idempotency-Key': key, 'Content-Length': 0 },
+			host: '127.0.0.1', port: server.address().port, method, path: `/${route}`, agent: false,
+			headers: { 'Idempotency-Key': key, ...(method === 'POST' ? { 'Content-Length': 0 } : {}) },
 		}, (res) => {
 			const chunks = [];
 			res.on('data', (chunk) => chunks.push(chunk));
@@ -236,4 +242,23 @@ test('an error with a 4xx status answered by express\'s error handler is stored 
 	assert.equal(replay.body.toString(), first.body.toString());
 	assert.match(first.body.toString(), /card declined/);
 	assert.equal(runs.get(key), 1);
+});
+
+test('a HEAD with a key passes without idempotency: the handler\'s Content-Length, nothing claimed; a GET then runs as new', async () => {
+	const key = newKey('head');
+	const head = await post('resource', key, 'HEAD');
+	assert.equal(head.status, 200);
+	assert.deepEqual(head.header('content-length'), [String(Buffer.byteLength('resource body'))]);
+	assert.equal(head.body.length, 0);
+	const { rows } = await s.db.query('SELECT state FROM idem_inspect($1, $2)', ['responses.resource', key]);
+	assert.deepEqual(rows, [], 'nothing claimed');
+	const get = await post('resource', key, 'GET');
+	assert.equal(get.status, 200);
+	assert.equal(get.body.toString(), 'resource body');
+	assert.deepEqual(get.header('idempotent-replayed'), []);
+	assert.equal(runs.get(key), 2);
+	const replay = await post('resource', key, 'GET');
+	assert.equal(replay.body.toString(), 'resource body');
+	assert.deepEqual(replay.header('idempotent-replayed'), ['true']);
+	assert.equal(runs.get(key), 2);
 });
