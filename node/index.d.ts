@@ -137,7 +137,7 @@ export interface RequestIdempotency {
 declare global {
   namespace Express {
     interface Request {
-      /** null: no idempotency (no header with required: false, or onStoreError: 'run'). */
+      /** null: no idempotency (a HEAD, no header with required: false, or onStoreError: 'run'). */
       idempotency?: RequestIdempotency | null;
       idempotencyKey?: string | null;
     }

@@ -328,6 +328,13 @@ class IdempotentRoute {
 		this.expected = null;
 		const checkKey = idempotencyKey({ header, required, problemType: this.typeOf });
 		this.handler = (req, res, next) => {
+			if (req.method === 'HEAD') {
+				// safe by definition (express serves it through app.get routes):
+				// no idempotency, nothing claimed, the handler's own headers
+				req.idempotencyKey = null;
+				req.idempotency = null;
+				return next();
+			}
 			checkKey(req, res, (err) => {
 				if (err) {
 					return next(err);
@@ -431,9 +438,10 @@ class Attempt {
 	}
 
 	// Hold back whatever the handler sends until it is stored.  Its status,
-	// message and headers are taken when it ends the response (the head),
-	// and sent so, whatever changes them later: an error of the handler after
-	// its answer does not alter it, as in express once headers were sent.
+	// message and headers (the head) are taken at its first write, as Node
+	// sends them, else when it ends the response, and sent so, whatever
+	// changes them later: an error of the handler after its answer does not
+	// alter it, as in express once headers were sent.
 	capture() {
 		const { res, claim } = this;
 		for (const name of CAPTURED) {
@@ -481,16 +489,24 @@ class Attempt {
 				return res;	// an error handler's, after the handler's answer
 			}
 			this.done = true;
-			const head = this.head();
+			let head = this.head();
+			let keep = this.stores(head.status);
 			if (this.written && !isDeepStrictEqual(head, this.written)) {
-				// the head changed after a write, which Node refuses once the
-				// head is sent: an error handler answered a handler that failed
-				// midway.  Nothing was sent yet: its answer replaces the partial
-				// one, rather than following it in a malformed message.
-				this.chunks = [];
+				if (keep) {
+					// the head changed after a write: Node sends the head of the
+					// first write, and the whole body after it
+					head = this.written;
+					keep = this.stores(head.status);
+				} else {
+					// an answer not stored after a write: an error handler's for a
+					// handler that failed midway.  Nothing was sent yet: it
+					// replaces the partial body, rather than following it in a
+					// malformed message, and releases the claim.
+					this.chunks = [];
+				}
 			}
 			this.push(chunk, encoding);
-			this.complete(head, Buffer.concat(this.chunks), cb).catch((err) => this.log.error('idempotency-pg:', err));
+			this.complete(head, keep, Buffer.concat(this.chunks), cb).catch((err) => this.log.error('idempotency-pg:', err));
 			return res;
 		};
 		res.flushHeaders = () => {};
@@ -664,16 +680,21 @@ class Attempt {
 		})().catch((e) => log.error(`${where}: the store in the background failed:`, e));
 	}
 
-	// what the handler sent, once it ended the response: its head and body
-	async complete(head, bytes, cb) {
-		const { claim, log } = this;
-		let keep;
+	// whether the route stores a response of this status (the store
+	// option); not when the option fails
+	stores(status) {
 		try {
-			keep = this.route.store(head.status);
+			return Boolean(this.route.store(status));
 		} catch (err) {
-			log.error('idempotency-pg: the store option failed:', err);
-			keep = false;
+			this.log.error('idempotency-pg: the store option failed:', err);
+			return false;
 		}
+	}
+
+	// what the handler sent, once it ended the response: its head, whether
+	// it is stored (stores(head.status)), and its body
+	async complete(head, keep, bytes, cb) {
+		const { claim, log } = this;
 		if (!keep) {
 			// errors are not cached: release the key before the client can retry
 			await claim.abort().catch((err) => log.error(`${this.where}: idem_abort failed:`, err.code ?? '', err.message));

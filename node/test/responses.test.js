@@ -2,9 +2,9 @@
 // What the middleware holds back, stores and replays of the responses a
 // handler sends: headers given to writeHead as arrays, a header sent more
 // than once, a response without a Content-Type, one a compression after
-// the middleware encoded, and a handler that fails after (or while) it
-// answers, with express's own error handler.  Real HTTP on 127.0.0.1 (raw
-// header lines) and a real server.
+// the middleware encoded, one that changes its head after a write, and a
+// handler that fails after (or while) it answers, with express's own error
+// handler; a HEAD, which passes without idempotency.  Real HTTP on 127.0.0.1 (raw header lines) and a real server.
 
 const assert = require('node:assert/strict');
 const http = require('node:http');
@@ -64,6 +64,12 @@ const ROUTES = {
 		res.end('wered');
 		next(new Error('audit log failed'));
 	},
+	// the status changed after a write: Node sends the first head, 200
+	'write-then-status': (req, res) => {
+		res.write('part1-');
+		res.statusCode = 201;
+		res.end('part2');
+	},
 	// fails midway: a partial body, then express's error page
 	'write-then-throw': (req, res) => {
 		res.type('text');
@@ -88,6 +94,12 @@ before(async () => {
 				return handler(req, res, next);
 			});
 	}
+	// express serves a HEAD through it too
+	app.get('/resource', idem.middleware({ operation: 'responses.resource' }), (req, res) => {
+		const key = req.get('Idempotency-Key');
+		runs.set(key, (runs.get(key) ?? 0) + 1);
+		res.type('text').send('resource body');
+	});
 	await new Promise((resolve) => { server = app.listen(0, '127.0.0.1', resolve); });
 });
 
@@ -96,14 +108,14 @@ after(async () => {
 	await s?.drop();
 });
 
-// POST to the route with the key -> { status, lines (the header lines,
-// [name lower case, value]), header(name) (the values), body (bytes) };
-// rejects on a malformed message
-function post(route, key) {
+// A request (POST unless `method` says) to the route with the key ->
+// { status, lines (the header lines, [name lower case, value]),
+// header(name) (the values), body (bytes) }; rejects on a malformed message
+function post(route, key, method = 'POST') {
 	return new Promise((resolve, reject) => {
 		const req = http.request({
-			host: '127.0.0.1', port: server.address().port, method: 'POST', path: `/${route}`, agent: false,
-			headers: { 'Idempotency-Key': key, 'Content-Length': 0 },
+			host: '127.0.0.1', port: server.address().port, method, path: `/${route}`, agent: false,
+			headers: { 'Idempotency-Key': key, ...(method === 'POST' ? { 'Content-Length': 0 } : {}) },
 		}, (res) => {
 			const chunks = [];
 			res.on('data', (chunk) => chunks.push(chunk));
@@ -196,6 +208,20 @@ test('a handler that fails after its answer: the answer is sent as it was ended,
 	}
 });
 
+test('a head changed after a write: the first head and the whole body, as Node sends them, stored and replayed', async () => {
+	const { key, first, replay } = await twice('write-then-status');
+	for (const r of [first, replay]) {
+		assert.equal(r.status, 200);
+		assert.deepEqual(r.header('content-length'), ['11']);
+		assert.equal(r.body.toString(), 'part1-part2');
+	}
+	assert.deepEqual(replay.header('idempotent-replayed'), ['true']);
+	const { rows } = await s.db.query('SELECT response FROM idem_inspect($1, $2)', ['responses.write-then-status', key]);
+	assert.equal(rows[0].response.status, 200);
+	assert.equal(rows[0].response.text, 'part1-part2');
+	assert.equal(runs.get(key), 1);
+});
+
 test('a handler that fails after a partial write: express\'s error page alone, well formed, not stored', async () => {
 	const { key, first, replay } = await twice('write-then-throw');
 	for (const r of [first, replay]) {
@@ -216,4 +242,23 @@ test('an error with a 4xx status answered by express\'s error handler is stored 
 	assert.equal(replay.body.toString(), first.body.toString());
 	assert.match(first.body.toString(), /card declined/);
 	assert.equal(runs.get(key), 1);
+});
+
+test('a HEAD with a key passes without idempotency: the handler\'s Content-Length, nothing claimed; a GET then runs as new', async () => {
+	const key = newKey('head');
+	const head = await post('resource', key, 'HEAD');
+	assert.equal(head.status, 200);
+	assert.deepEqual(head.header('content-length'), [String(Buffer.byteLength('resource body'))]);
+	assert.equal(head.body.length, 0);
+	const { rows } = await s.db.query('SELECT state FROM idem_inspect($1, $2)', ['responses.resource', key]);
+	assert.deepEqual(rows, [], 'nothing claimed');
+	const get = await post('resource', key, 'GET');
+	assert.equal(get.status, 200);
+	assert.equal(get.body.toString(), 'resource body');
+	assert.deepEqual(get.header('idempotent-replayed'), []);
+	assert.equal(runs.get(key), 2);
+	const replay = await post('resource', key, 'GET');
+	assert.equal(replay.body.toString(), 'resource body');
+	assert.deepEqual(replay.header('idempotent-replayed'), ['true']);
+	assert.equal(runs.get(key), 2);
 });
