@@ -58,7 +58,6 @@ Never a second run once the endpoint has run.
 from __future__ import annotations
 
 import base64
-import functools
 import inspect
 import json
 import time
@@ -76,7 +75,6 @@ from fastapi.routing import APIRoute, serialize_response
 from fastapi.utils import is_body_allowed_for_status_code
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.routing import Match
 
 from . import _core
 from .aio import AsyncClaim, AsyncCoordinator, _shielded, _unreachable
@@ -276,28 +274,31 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
         own_request = next((p.name for p in visible if p.annotation is Request), None)
         added = [] if own_request else [inspect.Parameter(_REQUEST, kw, annotation=Request)]
 
-        routes: list[APIRoute] = []
+        # the endpoint's own Response parameter (FastAPI's "sub-response"):
+        # the status and headers the endpoint sets on it go with its value
+        own_response = next((p.name for p in visible if isinstance(p.annotation, type)
+                             and issubclass(p.annotation, Response)), None)
+        # a def endpoint (or recover) runs in FastAPI's threadpool, as FastAPI runs it
+        endpoint_threaded = not _is_async(endpoint)
+        recover_threaded = recover is not None and not _is_async(recover)
 
         def declared(request: Request) -> APIRoute:
-            """FastAPI's route of this endpoint that serves ``request``
-            (the app's routes are searched at the first request)."""
-            if not routes:
-                found = [r for r in request.app.router.routes if isinstance(r, APIRoute) and r.endpoint is route]
-                for r in found:
-                    if status_code is not None and r.status_code != status_code:
-                        raise TypeError(f"the route of {operation!r} has status_code={status_code}, and its "
-                                        f"FastAPI route {r.path} status_code={r.status_code}: declare it once, "
-                                        "on the FastAPI route")
-                routes.extend(found)
-            for r in routes:
-                if len(routes) == 1 or r.matches(request.scope)[0] == Match.FULL:
-                    return r
-            raise RuntimeError(f"no route of the app has {endpoint.__qualname__} as its endpoint: declare it "
-                               "with @app.post(...) or an APIRouter's")
+            """FastAPI's route that serves ``request`` (FastAPI puts it in the
+            scope)."""
+            api = request.scope.get("route")
+            if not isinstance(api, APIRoute):
+                raise RuntimeError(f"{endpoint.__qualname__} is not served by a FastAPI route: declare it "
+                                   "with @app.post(...) or an APIRouter's")
+            if status_code is not None and api.status_code != status_code:
+                raise TypeError(f"the route of {operation!r} has status_code={status_code}, and its "
+                                f"FastAPI route {api.path} status_code={api.status_code}: declare it once, "
+                                "on the FastAPI route")
+            return api
 
-        async def to_response(request: Request, result: Any) -> Response:
+        async def to_response(request: Request, result: Any, sub: Response | None) -> Response:
             """The endpoint's response: as it returned it, or its value sent
-            as the route would send it (FastAPI's get_request_handler)."""
+            as the route would send it (FastAPI's get_request_handler), with
+            the status and headers set on its Response parameter ``sub``."""
             if isinstance(result, Response):
                 return result
             api = declared(request)
@@ -314,22 +315,31 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                             else response_class(content, api.status_code))
             except (TypeError, ValueError) as err:
                 raise _Unsendable(f"{type(err).__name__}: {err}") from err
+            if sub is not None:
+                if sub.status_code:
+                    response.status_code = sub.status_code
+                response.headers.raw.extend(sub.headers.raw)
             if not is_body_allowed_for_status_code(response.status_code):
                 response.body = b""
+                del response.headers["content-length"]
             return response
 
-        async def run(request: Request, answer: Callable[..., Any], arguments: dict[str, Any]) -> Response:
-            """The response of ``answer`` (the endpoint, or ``recover``), run
-            as FastAPI runs an endpoint; an ``HTTPException`` it raises is
-            answered by the app's handler, as a response it returned."""
+        async def run(request: Request, answer: Callable[..., Any], threaded: bool, arguments: dict[str, Any],
+                      *prefix: Any) -> Response:
+            """The response of ``answer`` (the endpoint, or ``recover`` with
+            the checkpoint's state as ``prefix``), run as FastAPI runs an
+            endpoint (``threaded``: in its threadpool); an ``HTTPException``
+            it raises is answered by the app's handler, as a response it
+            returned."""
             try:
-                if inspect.iscoroutinefunction(answer):
-                    result = await answer(**arguments)
+                if threaded:
+                    result = await run_in_threadpool(answer, *prefix, **arguments)
                 else:
-                    result = await run_in_threadpool(answer, **arguments)
+                    result = await answer(*prefix, **arguments)
             except HTTPException as exc:
                 return await _exception_response(request, exc)
-            return await to_response(request, result)
+            sub = arguments.get(own_response) if own_response else None
+            return await to_response(request, result, sub if isinstance(sub, Response) else None)
 
         def record_of(response: Response) -> dict[str, Any] | None:
             """The response to store, or ``None`` when it has no body to keep
@@ -362,10 +372,10 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             """Complete the key with the 410 response-not-stored answer: the
             endpoint ran (or may have), its response (``stored``) is not
             kept.  If that answer cannot be stored either, the claim gets a
-            checkpoint saying so (unless it has one), so that the next
-            attempt gets 'recover', not 'new'; if the server refuses that
-            too, ``stored`` and the answer are stored in the background:
-            then ``True`` (docs/http.md)."""
+            checkpoint saying so (unless it has one), so that an attempt
+            that takes it over gets 'recover', not 'new'; and if the server
+            refused the answer, ``stored`` and the answer are stored in the
+            background: then ``True`` (docs/http.md)."""
             _core.log.error("the response of %r for key %r was not stored (%s): the key answers "
                             "410 response-not-stored", operation, claim.key, why)
             answer = not_stored_record()
@@ -381,10 +391,8 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                     await claim._rescue(_core.CHECKPOINT_SQL, claim._params(
                         state=_core.to_json({"response_not_stored": {"error": why[:1000]}})))
                     claim.checkpointed = True
-                    return False
-                except Exception as err:
+                except Exception:
                     _core.log.exception("idem_checkpoint failed for key %r of %r", claim.key, operation)
-                    failed = err
             return claim._store_later(failed, *([answer] if stored is None else [stored, answer]))
 
         async def conclude(claim: AsyncClaim, response: Response | _Unsendable, started: float) -> Response:
@@ -428,11 +436,16 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             values = request.headers.getlist(header)
             parsed = parse_idempotency_key(values, max_key_length)
             arguments = dict(kwargs)
+            if request.method == "HEAD":
+                # safe by definition: a route that also serves HEAD runs it without idempotency
+                if takes_key:
+                    arguments[key_param] = parsed.key
+                return await run(request, endpoint, endpoint_threaded, arguments)
             if parsed.key is None:
                 if parsed.missing and not values and not required:
                     if takes_key:
                         arguments[key_param] = None
-                    return await run(request, endpoint, arguments)
+                    return await run(request, endpoint, endpoint_threaded, arguments)
                 return problem(key_problem(parsed))
             key = parsed.key
             if takes_key:
@@ -453,7 +466,7 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
                     _core.log.error("the store is unreachable (%s: %s): running %r for key %r without "
                                     "a claim (on_store_error=\"run\")", type(err).__name__, err, operation, key)
                     c._report(operation, key, "store_error")
-                    return await run(request, endpoint, arguments)
+                    return await run(request, endpoint, endpoint_threaded, arguments)
                 record = None
                 if isinstance(err, InProgressError):
                     try:
@@ -473,22 +486,30 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
             try:
                 with _core.running(claim):
                     answer: Callable[..., Any] = endpoint
+                    threaded = endpoint_threaded
+                    prefix: tuple[Any, ...] = ()
                     if claim.status == "recover":
                         if recover is None:
                             await complete_not_stored(claim, "taken over with a checkpoint, and the "
                                                       "route has no recover=")
                             return problem(not_stored_problem(410))
-                        answer = functools.partial(recover, claim.response)
-                    try:
-                        response: Response | _Unsendable = await run(request, answer, arguments)
-                    except _Unsendable as err:
-                        response = err
-                    except BaseException:
-                        await _give_up(claim)
-                        raise
-                # the endpoint has run: a cancellation of the request (a
-                # timeout) waits until its response is stored, or recorded
-                return await _shielded(conclude(claim, response, started))
+                        answer, threaded, prefix = recover, recover_threaded, (claim.response,)
+
+                    async def answered() -> Response:
+                        try:
+                            response: Response | _Unsendable = await run(request, answer, threaded, arguments, *prefix)
+                        except _Unsendable as err:
+                            response = err
+                        except BaseException:
+                            await _give_up(claim)
+                            raise
+                        # the endpoint has run: a cancellation of the request
+                        # (a timeout) waits until its response is stored, or recorded
+                        return await _shielded(conclude(claim, response, started))
+
+                    # a thread cannot be stopped: a cancellation that comes
+                    # once a def endpoint has started waits for its response
+                    return await (_shielded(answered()) if threaded else answered())
             finally:
                 # a claim left pending: its connection is closed
                 await claim.abandon()
@@ -510,6 +531,12 @@ def idempotent_route(operation: str, *, coordinator: AsyncCoordinator | Callable
         return route
 
     return decorate
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one (as
+    FastAPI tells them apart)."""
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
 
 
 async def _give_up(claim: AsyncClaim) -> None:

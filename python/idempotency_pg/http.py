@@ -26,7 +26,7 @@ from psycopg_pool import PoolTimeout
 
 from . import _core
 from .errors import (IdempotencyError, InProgressError, InvalidRequestError, KeyReuseError, LostClaimError,
-                     ResponseExpiredError)
+                     ResponseExpiredError, ResponseNotStoredError)
 
 MAX_KEY_LENGTH = 255
 #: the media type of every refusal (RFC 9457)
@@ -166,6 +166,8 @@ def problem_for(err: BaseException, retry_after_s: int = 1) -> Problem | None:
         return Problem(400, "invalid-request", f"Invalid argument: {err}.")
     if isinstance(err, LostClaimError):
         return not_stored_problem(500)
+    if isinstance(err, ResponseNotStoredError):   # the decorator's: it ran, its result is not stored
+        return not_stored_problem(410) if err.completed else not_stored_problem(500, later=err.storing)
     if isinstance(err, IdempotencyError):     # the version, 54000 or IK412 elsewhere
         return Problem(500, "internal-error", "The server could not complete the request.")
     if _core.store_unreachable(err) or isinstance(err, PoolTimeout) or \

@@ -5,8 +5,9 @@ checkpoint needs recover=, ..."""
 
 from __future__ import annotations
 
+import functools
 import gzip
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Optional, Union
 
 import httpx
@@ -21,6 +22,7 @@ from test_async import open_pool
 import idempotency_pg as idem
 from idempotency_pg import current_claim
 from idempotency_pg.fastapi import idempotent_route
+from idempotency_pg.http import problem_for
 
 OP = "http.route"
 TYPE = "urn:idempotency:problem:"
@@ -322,4 +324,80 @@ def test_values_as_sent(admin: psycopg.Connection[Any]) -> None:
                 r = await client.post("/optional", headers={"Idempotency-Key": new_key("none")})
                 assert (r.status_code, r.json()) == (200, {"amount": None})
         assert sorted(ran) == ["alias", "embed", "optional", "optional", "union"]
+    arun(main())
+
+
+def test_the_route_that_serves_the_request(admin: psycopg.Connection[Any]) -> None:
+    """The FastAPI route that serves the request gives the status: one
+    endpoint in two apps with two status codes, the second behind another
+    decorator; the headers the endpoint sets on its Response parameter go
+    with its value, stored and replayed."""
+    async def main() -> None:
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool) as c:
+            @idempotent_route(OP + ".shared", coordinator=c)
+            async def shared(response: Response, *, idempotency_key: str) -> dict[str, str]:
+                response.headers["Location"] = f"/things/{idempotency_key}"
+                return {"key": idempotency_key}
+
+            def logged(func: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+                @functools.wraps(func)
+                async def wrapper(*args: Any, **kwargs: Any) -> Any:
+                    return await func(*args, **kwargs)
+                return wrapper
+
+            one, two = FastAPI(), FastAPI()
+            one.post("/things", status_code=201)(shared)
+            two.post("/things", status_code=202)(logged(shared))
+            for app, status in ((one, 201), (two, 202)):
+                async with client_for(app) as client:
+                    key = new_key("shared")
+                    first = await client.post("/things", headers={"Idempotency-Key": key})
+                    again = await client.post("/things", headers={"Idempotency-Key": key})
+                    for r in (first, again):
+                        expected = (status, f"/things/{key}", {"key": key})
+                        assert (r.status_code, r.headers["location"], r.json()) == expected, r
+                    assert again.headers["idempotent-replayed"] == "true"
+    arun(main())
+
+
+def test_problem_for_a_result_not_stored() -> None:
+    """The decorator's ResponseNotStoredError is docs/http.md's
+    response-not-stored: 500 for the attempt (its detail saying whether the
+    result is stored later), 410 for a later attempt."""
+    def error(**flags: bool) -> idem.ResponseNotStoredError:
+        return idem.ResponseNotStoredError("op", "k", 1, None, "cause", sqlstate=None, detail=None,
+                                           checkpointed=True, **flags)
+    cases: dict[str, dict[str, bool]] = {"now": {}, "later": {"storing": True}, "completed": {"completed": True}}
+    answers = {name: problem_for(error(**flags)) for name, flags in cases.items()}
+    assert {name: (p.status, p.slug) for name, p in answers.items() if p} == {
+        "now": (500, "response-not-stored"), "later": (500, "response-not-stored"),
+        "completed": (410, "response-not-stored")}
+    assert answers["later"] != answers["now"]
+
+
+def test_head_runs_without_idempotency(admin: psycopg.Connection[Any]) -> None:
+    """A HEAD request, safe by definition, runs without a claim, as in the
+    Node package; a GET with the same key then runs as new."""
+    ran: list[str | None] = []
+
+    async def main() -> None:
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool) as c:
+            app = FastAPI()
+
+            @app.api_route("/thing", methods=["GET", "HEAD"])
+            @idempotent_route(OP + ".head", coordinator=c)
+            async def thing(*, idempotency_key: str | None) -> dict[str, int]:
+                ran.append(idempotency_key)
+                return {"n": len(ran)}
+
+            key = new_key("head")
+            async with client_for(app) as client:
+                head = await client.head("/thing", headers={"Idempotency-Key": key})
+                assert head.status_code == 200 and "idempotent-replayed" not in head.headers
+                assert record_state(admin, OP + ".head", key) is None, "nothing claimed"
+                first = await client.get("/thing", headers={"Idempotency-Key": key})
+                again = await client.get("/thing", headers={"Idempotency-Key": key})
+                assert (first.json(), again.json()) == ({"n": 2}, {"n": 2})
+                assert again.headers["idempotent-replayed"] == "true"
+        assert ran == [key, key]
     arun(main())

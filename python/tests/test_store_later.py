@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,5 +167,39 @@ def test_route_cancelled_during_the_finish(admin: psycopg.Connection[Any]) -> No
                 assert (await first).status_code == 504
                 again = await client.post("/charge", headers={"Idempotency-Key": key})
             assert (again.status_code, again.headers["idempotent-replayed"]) == (201, "true")
+        assert ran == ["charge"]
+    arun(main())
+
+
+def test_def_endpoint_cancelled_while_it_runs(admin: psycopg.Connection[Any]) -> None:
+    """A def endpoint runs in a thread, which a cancellation cannot stop: a
+    timeout while it runs waits for its response, which is stored; the
+    retry replays it, and the endpoint ran once."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        async with await open_pool(2) as pool, idem.AsyncCoordinator(pool, takeover="session") as c:
+            app = FastAPI()
+
+            @app.post("/charge", status_code=201)
+            @idempotent_route(OP + ".def", coordinator=c)
+            def charge(*, idempotency_key: str) -> dict[str, bool]:
+                time.sleep(0.5)
+                ran.append("charge")
+                return {"charged": True}
+
+            async def timeout(scope: Any, receive: Any, send: Any) -> None:
+                try:
+                    await asyncio.wait_for(app(scope, receive, send), 0.2)
+                except asyncio.TimeoutError:
+                    await send({"type": "http.response.start", "status": 504, "headers": []})
+                    await send({"type": "http.response.body", "body": b"timeout"})
+
+            key = new_key("def")
+            transport = httpx.ASGITransport(app=timeout)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                assert (await client.post("/charge", headers={"Idempotency-Key": key})).status_code == 504
+                again = await client.post("/charge", headers={"Idempotency-Key": key})
+            assert (again.status_code, again.headers.get("idempotent-replayed")) == (201, "true"), again
         assert ran == ["charge"]
     arun(main())
