@@ -131,6 +131,18 @@ def test_async_cancelled_during_the_finish(admin: psycopg.Connection[Any]) -> No
     arun(main())
 
 
+def under_timeout(app: FastAPI, seconds: float) -> httpx.AsyncClient:
+    """A client of ``app`` behind a timeout middleware, as an ASGI server
+    may have: a request over ``seconds`` is cancelled and answered 504."""
+    async def timeout(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await asyncio.wait_for(app(scope, receive, send), seconds)
+        except asyncio.TimeoutError:
+            await send({"type": "http.response.start", "status": 504, "headers": []})
+            await send({"type": "http.response.body", "body": b"timeout"})
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=timeout), base_url="http://test")
+
+
 def test_route_cancelled_during_the_finish(admin: psycopg.Connection[Any]) -> None:
     """The same for a FastAPI route under a timeout middleware."""
     ran: list[str] = []
@@ -149,16 +161,8 @@ def test_route_cancelled_during_the_finish(admin: psycopg.Connection[Any]) -> No
                 await asyncio.sleep(0.2)
                 return {"charged": True}
 
-            async def timeout(scope: Any, receive: Any, send: Any) -> None:
-                try:
-                    await asyncio.wait_for(app(scope, receive, send), 0.5)
-                except asyncio.TimeoutError:
-                    await send({"type": "http.response.start", "status": 504, "headers": []})
-                    await send({"type": "http.response.body", "body": b"timeout"})
-
             key = new_key("route")
-            transport = httpx.ASGITransport(app=timeout)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            async with under_timeout(app, 0.5) as client:
                 first = asyncio.ensure_future(client.post("/charge", headers={"Idempotency-Key": key}))
                 await ready.wait()
                 await lock_records(locker, admin)
@@ -188,16 +192,8 @@ def test_def_endpoint_cancelled_while_it_runs(admin: psycopg.Connection[Any]) ->
                 ran.append("charge")
                 return {"charged": True}
 
-            async def timeout(scope: Any, receive: Any, send: Any) -> None:
-                try:
-                    await asyncio.wait_for(app(scope, receive, send), 0.2)
-                except asyncio.TimeoutError:
-                    await send({"type": "http.response.start", "status": 504, "headers": []})
-                    await send({"type": "http.response.body", "body": b"timeout"})
-
             key = new_key("def")
-            transport = httpx.ASGITransport(app=timeout)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            async with under_timeout(app, 0.2) as client:
                 assert (await client.post("/charge", headers={"Idempotency-Key": key})).status_code == 504
                 again = await client.post("/charge", headers={"Idempotency-Key": key})
             assert (again.status_code, again.headers.get("idempotent-replayed")) == (201, "true"), again
