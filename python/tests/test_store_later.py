@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from conftest import arun, await_for, new_key, record_state, wait_for
+from conftest import DEADLINE_S, arun, await_for, new_key, record_state, wait_for
 from fastapi import FastAPI
 from psycopg import sql
 from psycopg_pool import ConnectionPool
@@ -102,42 +102,68 @@ async def lock_records(conn: psycopg.AsyncConnection[Any], admin: psycopg.Connec
         await conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(sql.Identifier(table)))
 
 
+def finish_blocked(admin: psycopg.Connection[Any]) -> bool:
+    """Is a statement waiting for :func:`lock_records`' locks?  Once the
+    function has returned, the only one is its finish."""
+    row = admin.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND locktype = 'relation'"
+                        " AND relation = ANY (%s::regclass[]))", (record_tables(admin),)).fetchone()
+    return row == (True,)
+
+
+#: time for a cancellation to reach the task it cancels (a few turns of the
+#: event loop, no I/O): the tests cancel while the finish waits for a lock
+#: that only they release, so nothing else depends on the clock
+DELIVERED_S = 0.1
+
+
 def test_async_cancelled_during_the_finish(admin: psycopg.Connection[Any]) -> None:
     """A caller's timeout that cancels the call while its result is stored
     waits for the finish: the next call replays, the function ran once."""
     ran: list[str] = []
 
     async def main() -> None:
-        ready = asyncio.Event()
+        running, returning = asyncio.Event(), asyncio.Event()
         async with await open_pool(2) as pool, idem.AsyncCoordinator(pool, takeover="session") as c, \
                 await psycopg.AsyncConnection.connect("") as locker:
             @c.idempotent(OP + ".cancel")
             async def charge(amount: int, *, idempotency_key: str | None) -> dict[str, int]:
                 ran.append("charge")
-                ready.set()
-                await asyncio.sleep(0.2)
+                running.set()
+                await returning.wait()
                 return {"charged": amount}
 
             key = new_key("cancel")
-            call = asyncio.ensure_future(asyncio.wait_for(charge(42, idempotency_key=key), 0.5))
-            await ready.wait()
+            call = asyncio.ensure_future(charge(42, idempotency_key=key))
+            await running.wait()
             await lock_records(locker, admin)
-            await asyncio.sleep(0.8)            # the timeout fired during the finish
+            returning.set()
+            await await_for("the finish to wait for the lock", lambda: finish_blocked(admin))
+            call.cancel()                       # the caller's timeout fires during the finish
+            await asyncio.sleep(DELIVERED_S)
+            assert not call.done(), "the cancelled call waits for its finish"
             await locker.rollback()
-            with pytest.raises(asyncio.TimeoutError):
+            with pytest.raises(asyncio.CancelledError):
                 await call
             assert await charge.outcome(42, idempotency_key=key) == idem.Outcome({"charged": 42}, True)
         assert ran == ["charge"]
     arun(main())
 
 
-def under_timeout(app: FastAPI, seconds: float) -> httpx.AsyncClient:
+def under_timeout(app: FastAPI, fire: asyncio.Event) -> httpx.AsyncClient:
     """A client of ``app`` behind a timeout middleware, as an ASGI server
-    may have: a request over ``seconds`` is cancelled and answered 504."""
+    may have, whose timeout fires when ``fire`` is set: the request it
+    fires for is cancelled, waited for (as asyncio.wait_for does) and
+    answered 504; ``fire`` is cleared for the next request."""
     async def timeout(scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await asyncio.wait_for(app(scope, receive, send), seconds)
-        except asyncio.TimeoutError:
+        request = asyncio.ensure_future(app(scope, receive, send))
+        fired = asyncio.ensure_future(fire.wait())
+        await asyncio.wait([request, fired], return_when=asyncio.FIRST_COMPLETED)
+        fired.cancel()
+        if not request.done():
+            fire.clear()
+            request.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
             await send({"type": "http.response.start", "status": 504, "headers": []})
             await send({"type": "http.response.body", "body": b"timeout"})
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=timeout), base_url="http://test")
@@ -148,7 +174,7 @@ def test_route_cancelled_during_the_finish(admin: psycopg.Connection[Any]) -> No
     ran: list[str] = []
 
     async def main() -> None:
-        ready = asyncio.Event()
+        running, returning, fire = asyncio.Event(), asyncio.Event(), asyncio.Event()
         async with await open_pool(2) as pool, idem.AsyncCoordinator(pool, takeover="session") as c, \
                 await psycopg.AsyncConnection.connect("") as locker:
             app = FastAPI()
@@ -157,16 +183,20 @@ def test_route_cancelled_during_the_finish(admin: psycopg.Connection[Any]) -> No
             @idempotent_route(OP + ".route", coordinator=c)
             async def charge(*, idempotency_key: str) -> dict[str, bool]:
                 ran.append("charge")
-                ready.set()
-                await asyncio.sleep(0.2)
+                running.set()
+                await returning.wait()
                 return {"charged": True}
 
             key = new_key("route")
-            async with under_timeout(app, 0.5) as client:
+            async with under_timeout(app, fire) as client:
                 first = asyncio.ensure_future(client.post("/charge", headers={"Idempotency-Key": key}))
-                await ready.wait()
+                await running.wait()
                 await lock_records(locker, admin)
-                await asyncio.sleep(0.8)
+                returning.set()
+                await await_for("the finish to wait for the lock", lambda: finish_blocked(admin))
+                fire.set()
+                await asyncio.sleep(DELIVERED_S)
+                assert not first.done(), "the cancelled request waits for its finish"
                 await locker.rollback()
                 assert (await first).status_code == 504
                 again = await client.post("/charge", headers={"Idempotency-Key": key})
@@ -180,21 +210,30 @@ def test_def_endpoint_cancelled_while_it_runs(admin: psycopg.Connection[Any]) ->
     timeout while it runs waits for its response, which is stored; the
     retry replays it, and the endpoint ran once."""
     ran: list[str] = []
+    running, returning = threading.Event(), threading.Event()
 
     async def main() -> None:
+        fire = asyncio.Event()
         async with await open_pool(2) as pool, idem.AsyncCoordinator(pool, takeover="session") as c:
             app = FastAPI()
 
             @app.post("/charge", status_code=201)
             @idempotent_route(OP + ".def", coordinator=c)
             def charge(*, idempotency_key: str) -> dict[str, bool]:
-                time.sleep(0.5)
+                running.set()
+                assert returning.wait(DEADLINE_S)
                 ran.append("charge")
                 return {"charged": True}
 
             key = new_key("def")
-            async with under_timeout(app, 0.2) as client:
-                assert (await client.post("/charge", headers={"Idempotency-Key": key})).status_code == 504
+            async with under_timeout(app, fire) as client:
+                first = asyncio.ensure_future(client.post("/charge", headers={"Idempotency-Key": key}))
+                await await_for("the endpoint to run", running.is_set)
+                fire.set()                      # the timeout fires while the endpoint runs
+                await asyncio.sleep(DELIVERED_S)
+                assert not first.done(), "the cancelled request waits for its endpoint"
+                returning.set()
+                assert (await first).status_code == 504
                 again = await client.post("/charge", headers={"Idempotency-Key": key})
             assert (again.status_code, again.headers.get("idempotent-replayed")) == (201, "true"), again
         assert ran == ["charge"]
